@@ -1,0 +1,39 @@
+"""Installs tf_crossdevice."""
+
+import pathlib
+
+import setuptools
+
+README = pathlib.Path(__file__).parent / "README.md"
+
+setuptools.setup(
+    name="tf_crossdevice",
+    version="0.1.0",
+    description=(
+        "TensorFlow 1's cross-device all-reduce algorithms as "
+        "tf.distribute.CrossDeviceOps for TensorFlow 2."
+    ),
+    long_description=README.read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(
+        include=["tf_crossdevice", "tf_crossdevice.*"]
+    ),
+    package_data={"tf_crossdevice": ["py.typed"]},
+    python_requires=">=3.10",
+    # The full tensorflow wheel runs on CPU-only machines and on GPUs (add
+    # tensorflow[and-cuda] for the CUDA libraries), so one requirement serves
+    # both; users who already have tensorflow-cpu 2.21 can install with
+    # --no-deps.
+    install_requires=[
+        "tensorflow~=2.21.0",
+        "absl-py>=1.0",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "hypothesis>=6.100"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: Apache Software License",
+    ],
+)

@@ -1,0 +1,27 @@
+"""Every TensorFlow private this package touches, in one place.
+
+Checked against TensorFlow 2.21. TensorFlow exposes no public constructor for
+PerReplica / Mirrored values, no public device canonicaliser and no public
+NCCL op wrapper; everything else in tf_crossdevice uses the public API.
+"""
+
+from __future__ import annotations
+
+from tensorflow.python.distribute import device_util
+from tensorflow.python.distribute import values as _values
+
+PerReplica = _values.PerReplica
+Mirrored = _values.Mirrored
+DistributedValues = _values.DistributedValues
+
+
+def canonicalize_device(device: str) -> str:
+    """Full device name, e.g. '/job:localhost/replica:0/task:0/device:CPU:1'."""
+    return device_util.canonicalize(device)
+
+
+def nccl_all_sum(tensors):
+    """TensorFlow's NCCL all-reduce (sum) over tensors on distinct GPUs."""
+    from tensorflow.python.ops import nccl_ops  # Loads the NCCL kernels.
+
+    return nccl_ops.all_sum(tensors)

@@ -1,0 +1,70 @@
+"""Helpers for tests and examples that need several devices on one host.
+
+TensorFlow fixes its device list when the runtime initialises (the first op,
+or the first call that lists logical devices). `request_cpu_devices` must run
+before that; afterwards it can only confirm what is already there.
+
+Example:
+
+>>> import tf_crossdevice.testing as tfcd_testing
+>>> tfcd_testing.request_cpu_devices(4)  # doctest: +SKIP
+>>> for name in tfcd_testing.cpu_devices(2):
+...     print(name)
+/job:localhost/replica:0/task:0/device:CPU:0
+/job:localhost/replica:0/task:0/device:CPU:1
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tf_crossdevice import _tf_internal
+
+
+def request_cpu_devices(n: int) -> None:
+    """Splits the host CPU into `n` logical CPU devices.
+
+    Args:
+        n: how many logical CPU devices the process should have, at least 1.
+
+    Raises:
+        ValueError: `n` is not a positive integer.
+        RuntimeError: TensorFlow has already initialised with fewer than `n`
+            logical CPU devices.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n: expected a positive integer, got {n!r}")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * n
+        )
+    except RuntimeError as e:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have >= n:
+            return
+        raise RuntimeError(
+            f"request_cpu_devices({n}): TensorFlow already initialised with "
+            f"{have} logical CPU device(s); call it before any TensorFlow op "
+            "runs (for tests: in conftest.py)"
+        ) from e
+
+
+def cpu_devices(n: int) -> list[str]:
+    """Returns the canonical names of the first `n` logical CPU devices.
+
+    Args:
+        n: how many devices, at least 1.
+
+    Raises:
+        ValueError: the process has fewer than `n` logical CPU devices (the
+            message says how many it has and how to get more).
+    """
+    have = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if n < 1 or n > len(have):
+        raise ValueError(
+            f"n: asked for {n} logical CPU devices, this process has "
+            f"{len(have)}; call request_cpu_devices({n}) before TensorFlow "
+            "initialises"
+        )
+    return [_tf_internal.canonicalize_device(d) for d in have[:n]]

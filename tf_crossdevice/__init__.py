@@ -1,1 +1,20 @@
-"""tf_crossdevice: TensorFlow 1's cross-device reductions for TensorFlow 2."""
+"""tf_crossdevice: TensorFlow 1's cross-device reductions for TensorFlow 2.
+
+Pass any of these as `cross_device_ops=` to `tf.distribute.MirroredStrategy`.
+"""
+
+from tf_crossdevice import testing
+from tf_crossdevice._ops import AllReduceCrossDeviceOps
+from tf_crossdevice._ops import HierarchicalCopyAllReduce
+from tf_crossdevice._ops import NcclAllReduce
+from tf_crossdevice._ops import ReductionToOneDevice
+
+__all__ = [
+    "AllReduceCrossDeviceOps",
+    "HierarchicalCopyAllReduce",
+    "NcclAllReduce",
+    "ReductionToOneDevice",
+    "testing",
+]
+
+__version__ = "0.1.0"

@@ -7,12 +7,14 @@ NCCL op wrapper; everything else in tf_crossdevice uses the public API.
 
 from __future__ import annotations
 
-from tensorflow.python.distribute import device_util
+from tensorflow.python.distribute import collective_util, device_util
 from tensorflow.python.distribute import values as _values
 
 PerReplica = _values.PerReplica
 Mirrored = _values.Mirrored
 DistributedValues = _values.DistributedValues
+# tf.distribute.experimental.CommunicationOptions(...) builds one of these.
+CommunicationOptions = collective_util.Options
 
 
 def canonicalize_device(device: str) -> str:

@@ -16,6 +16,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import tensorflow as tf
 
 from tf_crossdevice import _tf_internal
@@ -68,3 +71,42 @@ def cpu_devices(n: int) -> list[str]:
             "initialises"
         )
     return [_tf_internal.canonicalize_device(d) for d in have[:n]]
+
+
+def per_replica(
+    values: Sequence[tf.Tensor], devices: Sequence[str] | None = None
+) -> Any:
+    """A PerReplica value: `values[i]` copied onto `devices[i]`.
+
+    Args:
+        values: one tensor (or `tf.IndexedSlices`) per replica.
+        devices: where each replica lives; default the first `len(values)`
+            logical CPU devices.
+
+    >>> value = per_replica([tf.constant(1.0), tf.constant(2.0)])
+    >>> [v.device[-5:] for v in value.values]
+    ['CPU:0', 'CPU:1']
+    """
+    if not values:
+        raise ValueError("values: expected at least one tensor, got none")
+    if devices is None:
+        devices = cpu_devices(len(values))
+    if len(devices) != len(values):
+        raise ValueError(
+            f"devices: expected {len(values)} devices (one per value), got "
+            f"{len(devices)}"
+        )
+    placed = []
+    for value, device in zip(values, devices, strict=True):
+        with tf.device(device):
+            if isinstance(value, tf.IndexedSlices):
+                placed.append(
+                    tf.IndexedSlices(
+                        tf.identity(value.values),
+                        tf.identity(value.indices),
+                        value.dense_shape,
+                    )
+                )
+            else:
+                placed.append(tf.identity(value))
+    return _tf_internal.PerReplica(tuple(placed))

@@ -1,0 +1,402 @@
+"""The contract every tf_crossdevice CrossDeviceOps passes.
+
+A test file subclasses `CrossDeviceOpsContract`, names itself `Test...`, and
+implements `make_ops`. Every case checks numbers against numpy on every
+destination device, for float16, bfloat16, float32, float64 and int64, in
+eager mode, inside tf.function and in a TF 1 graph run by a Session.
+
+Inputs are small random integers, so sums are exact in every dtype; MEAN
+divides, so half-precision results get a tolerance.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_crossdevice import _tf_internal, testing
+
+SUM = tf.distribute.ReduceOp.SUM
+MEAN = tf.distribute.ReduceOp.MEAN
+
+DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int64)
+MODES = ("eager", "function", "graph")
+DESTINATION_KINDS = (
+    "none",
+    "same_distributed_values",
+    "other_distributed_values",
+    "device_string",
+    "device_list",
+)
+REDUCE_OPS = {"sum": SUM, "mean": MEAN}
+DENSE_SHAPE = (10, 3)  # Every value, dense or sparse, has this dense shape.
+NUM_DEVICES = 3  # Odd on purpose: it catches schedules that assume pairs.
+
+RTOL = {
+    tf.float16: 2e-3,
+    tf.bfloat16: 1e-2,
+    tf.float32: 1e-6,
+    tf.float64: 1e-12,
+    tf.int64: 0,
+}
+
+
+def canonical(device: str) -> str:
+    return _tf_internal.canonicalize_device(device)
+
+
+def device_names(n: int, first: int = 0) -> list[str]:
+    return testing.cpu_devices(first + n)[first:]
+
+
+def random_replicas(seed: int, num_devices: int, sparse: bool):
+    """Per replica: a dense array, or (rows, indices) of an IndexedSlices."""
+    rng = np.random.default_rng(seed)
+    replicas = []
+    for r in range(num_devices):
+        if sparse:
+            k = 2 + r  # Replicas hold different numbers of rows.
+            indices = rng.integers(0, DENSE_SHAPE[0], size=k)
+            rows = rng.integers(-8, 9, size=(k, DENSE_SHAPE[1]))
+            replicas.append((rows, indices))
+        else:
+            replicas.append(rng.integers(-8, 9, size=DENSE_SHAPE))
+    return replicas
+
+
+def densify(replica, sparse: bool) -> np.ndarray:
+    if not sparse:
+        return np.asarray(replica, np.float64)
+    rows, indices = replica
+    dense = np.zeros(DENSE_SHAPE, np.float64)
+    np.add.at(dense, indices, rows)
+    return dense
+
+
+def make_component(replica, dtype, sparse: bool, device: str):
+    with tf.device(device):
+        if sparse:
+            rows, indices = replica
+            return tf.IndexedSlices(
+                tf.constant(rows, dtype),
+                tf.constant(indices, tf.int64),
+                tf.constant(DENSE_SHAPE, tf.int64),
+            )
+        return tf.constant(replica, dtype)
+
+
+def make_value(replicas, dtype, sparse, devices):
+    components = [
+        make_component(r, dtype, sparse, d)
+        for r, d in zip(replicas, devices, strict=True)
+    ]
+    return _tf_internal.PerReplica(tuple(components))
+
+
+def destinations_of(kind: str, value_devices: list[str]):
+    """(destinations argument builder, expected device list)."""
+    n = len(value_devices)
+    if kind == "none":
+        return (lambda: None), value_devices
+    if kind == "same_distributed_values":
+
+        def same():
+            return _tf_internal.Mirrored(
+                tuple(_zeros_on(d) for d in value_devices)
+            )
+
+        return same, value_devices
+    if kind == "other_distributed_values":
+        others = device_names(2, first=n)
+
+        def other():
+            return _tf_internal.Mirrored(tuple(_zeros_on(d) for d in others))
+
+        return other, others
+    if kind == "device_string":
+        last = testing.cpu_devices(8)[-1]
+        short = "/device:CPU:" + last.rsplit(":", 1)[1]
+        return (lambda: short), [last]
+    if kind == "device_list":
+        chosen = [testing.cpu_devices(8)[6], value_devices[0]]
+        short = ["/cpu:" + d.rsplit(":", 1)[1] for d in chosen]
+        return (lambda: short), chosen
+    raise AssertionError(kind)
+
+
+def _zeros_on(device):
+    with tf.device(device):
+        return tf.zeros([1])
+
+
+def to_numpy(component) -> np.ndarray:
+    """A result component (eager, or a Session's fetched value) as dense."""
+    if hasattr(component, "indices"):  # IndexedSlices or a Session's value.
+        values = np.asarray(_as_array(component.values), np.float64)
+        indices = np.asarray(_as_array(component.indices))
+        dense_shape = tuple(np.asarray(_as_array(component.dense_shape)))
+        dense = np.zeros(dense_shape, np.float64)
+        np.add.at(dense, indices, values)
+        return dense
+    return np.asarray(_as_array(component), np.float64)
+
+
+def _as_array(x):
+    return x.numpy() if hasattr(x, "numpy") else x
+
+
+def run(mode: str, build):
+    """Runs `build()` (which returns a list of Mirrored) in `mode`.
+
+    Returns (per value: list of (device, numpy array, dtype)).
+    """
+    if mode == "eager":
+        results = build()
+        return [
+            [(c.device, to_numpy(c), c.dtype) for c in r.values]
+            for r in results
+        ]
+    if mode == "function":
+        seen = []
+
+        @tf.function
+        def fn():
+            results = build()
+            seen.extend(
+                [(c.device, c.dtype) for c in r.values] for r in results
+            )
+            return [list(r.values) for r in results]
+
+        out = fn()
+        return [
+            [(d, to_numpy(c), dt) for (d, dt), c in zip(s, o, strict=True)]
+            for s, o in zip(seen, out, strict=True)
+        ]
+    assert mode == "graph"
+    with tf.Graph().as_default() as graph:
+        results = build()
+        fetches = [list(r.values) for r in results]
+        meta = [[(c.device, c.dtype) for c in r.values] for r in results]
+        with tf.compat.v1.Session(graph=graph) as session:
+            out = session.run(fetches)
+    return [
+        [(d, to_numpy(c), dt) for (d, dt), c in zip(m, o, strict=True)]
+        for m, o in zip(meta, out, strict=True)
+    ]
+
+
+def expected_dtype(dtype, reduce_op):
+    if reduce_op == MEAN and dtype.is_integer:
+        return tf.float64
+    return dtype
+
+
+def check(result, expected, devices, dtype, reduce_op, what=""):
+    assert len(result) == len(devices), (what, result, devices)
+    for (device, array, out_dtype), want in zip(result, devices, strict=True):
+        assert canonical(device) == canonical(want), (what, device, want)
+        assert out_dtype == expected_dtype(dtype, reduce_op), (what, out_dtype)
+        rtol = RTOL[expected_dtype(dtype, reduce_op)]
+        np.testing.assert_allclose(
+            array,
+            expected,
+            rtol=rtol,
+            atol=rtol,
+            err_msg=f"{what} {dtype.name}",
+        )
+
+
+class CrossDeviceOpsContract:
+    """Subclass as `Test<Name>` and implement `make_ops`."""
+
+    def make_ops(self) -> tf.distribute.CrossDeviceOps:
+        raise NotImplementedError
+
+    @pytest.mark.parametrize("mode", MODES)
+    @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+    @pytest.mark.parametrize("kind", DESTINATION_KINDS)
+    @pytest.mark.parametrize("op_name", sorted(REDUCE_OPS))
+    @pytest.mark.parametrize("batched", [False, True], ids=["reduce", "batch"])
+    def test_reduce(self, batched, op_name, kind, sparse, mode):
+        reduce_op = REDUCE_OPS[op_name]
+        ops = self.make_ops()
+        value_devices = device_names(NUM_DEVICES)
+        make_destinations, want_devices = destinations_of(kind, value_devices)
+        cases = [
+            (dtype, random_replicas(seed, NUM_DEVICES, sparse))
+            for seed, dtype in enumerate(DTYPES)
+        ]
+
+        def build():
+            values = [
+                make_value(replicas, dtype, sparse, value_devices)
+                for dtype, replicas in cases
+            ]
+            if batched:
+                pairs = [(v, make_destinations()) for v in values]
+                return ops.batch_reduce(reduce_op, pairs)
+            return [
+                ops.reduce(reduce_op, v, make_destinations()) for v in values
+            ]
+
+        results = run(mode, build)
+        for (dtype, replicas), result in zip(cases, results, strict=True):
+            total = sum(densify(r, sparse) for r in replicas)
+            if reduce_op == MEAN:
+                total = total / NUM_DEVICES
+            check(result, total, want_devices, dtype, reduce_op, kind)
+
+    @pytest.mark.parametrize("mode", MODES)
+    @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+    @pytest.mark.parametrize("kind", DESTINATION_KINDS)
+    def test_broadcast(self, kind, sparse, mode):
+        ops = self.make_ops()
+        source = device_names(1, first=2)
+        make_destinations, want_devices = destinations_of(kind, source)
+        cases = [
+            (dtype, random_replicas(seed, 1, sparse)[0])
+            for seed, dtype in enumerate(DTYPES)
+        ]
+
+        def build():
+            return [
+                ops.broadcast(
+                    make_component(r, dtype, sparse, source[0]),
+                    make_destinations(),
+                )
+                for dtype, r in cases
+            ]
+
+        results = run(mode, build)
+        for (dtype, replica), result in zip(cases, results, strict=True):
+            check(result, densify(replica, sparse), want_devices, dtype, SUM)
+
+    @pytest.mark.parametrize("mode", MODES)
+    @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+    @pytest.mark.parametrize("kind", DESTINATION_KINDS)
+    def test_gather(self, kind, sparse, mode):
+        ops = self.make_ops()
+        value_devices = device_names(NUM_DEVICES)
+        make_destinations, want_devices = destinations_of(kind, value_devices)
+        axes = [0] if sparse else [0, 1, -1]
+        cases = [
+            (dtype, axis, random_replicas(seed, NUM_DEVICES, sparse))
+            for seed, (dtype, axis) in enumerate(
+                itertools.product(DTYPES, axes)
+            )
+        ]
+
+        def build():
+            return [
+                ops._gather(
+                    make_value(replicas, dtype, sparse, value_devices),
+                    make_destinations(),
+                    axis,
+                )
+                for dtype, axis, replicas in cases
+            ]
+
+        results = run(mode, build)
+        for (dtype, axis, replicas), result in zip(cases, results, strict=True):
+            want = np.concatenate(
+                [densify(r, sparse) for r in replicas], axis=axis
+            )
+            check(result, want, want_devices, dtype, SUM, f"axis {axis}")
+
+    @pytest.mark.parametrize("mode", MODES)
+    @pytest.mark.parametrize("num_devices", [1, 2, 3, 4, 8])
+    def test_all_reduce_every_device_count(self, num_devices, mode):
+        """Values on their own devices: the all-reduce path, SUM and MEAN."""
+        ops = self.make_ops()
+        devices = device_names(num_devices)
+        cases = [
+            (
+                reduce_op,
+                dtype,
+                sparse,
+                random_replicas(seed, num_devices, sparse),
+            )
+            for seed, (reduce_op, dtype, sparse) in enumerate(
+                itertools.product((SUM, MEAN), DTYPES, (False, True))
+            )
+        ]
+
+        def build():
+            out = []
+            for reduce_op in (SUM, MEAN):
+                pairs = [
+                    (make_value(replicas, dtype, sparse, devices), None)
+                    for op, dtype, sparse, replicas in cases
+                    if op == reduce_op
+                ]
+                out.extend(ops.batch_reduce(reduce_op, pairs))
+            return out
+
+        results = run(mode, build)
+        ordered = [c for op in (SUM, MEAN) for c in cases if c[0] == op]
+        for (reduce_op, dtype, sparse, replicas), result in zip(
+            ordered, results, strict=True
+        ):
+            total = sum(densify(r, sparse) for r in replicas)
+            if reduce_op == MEAN:
+                total = total / num_devices
+            check(result, total, devices, dtype, reduce_op, f"n={num_devices}")
+
+    def test_many_tensors_of_mixed_shapes(self):
+        """A gradient-like batch: many shapes, scalars, one big tensor."""
+        ops = self.make_ops()
+        devices = device_names(4)
+        rng = np.random.default_rng(7)
+        shapes = [(), (1,), (7,), (3, 5), (2, 3, 4), (1000,), (65, 33)]
+        replicas = [
+            [rng.integers(-8, 9, size=s) for _ in devices] for s in shapes * 3
+        ]
+
+        pairs = [
+            (make_value(r, tf.float32, False, devices), None) for r in replicas
+        ]
+        results = ops.batch_reduce(SUM, pairs)
+        for r, result in zip(replicas, results, strict=True):
+            for component, device in zip(result.values, devices, strict=True):
+                assert canonical(component.device) == device
+                np.testing.assert_array_equal(component.numpy(), sum(r))
+
+    def test_reduce_of_a_plain_tensor(self):
+        """A non-distributed tensor is one replica's value."""
+        ops = self.make_ops()
+        with tf.device(device_names(1)[0]):
+            t = tf.constant([1.5, 2.5])
+        destination = device_names(1, first=5)[0]
+        result = ops.reduce(MEAN, t, destination)
+        assert canonical(result.values[0].device) == destination
+        np.testing.assert_array_equal(result.values[0].numpy(), [1.5, 2.5])
+
+    def test_mirrored_strategy_calls_it(self):
+        """MirroredStrategy's all_reduce really goes through this object."""
+        ops = self.make_ops()
+        calls = []
+        original = ops.batch_reduce
+
+        def counting(*args, **kwargs):
+            calls.append(args)
+            return original(*args, **kwargs)
+
+        ops.batch_reduce = counting
+        devices = device_names(4)
+        strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
+
+        @tf.function
+        def step():
+            ctx = tf.distribute.get_replica_context()
+            x = tf.cast(ctx.replica_id_in_sync_group, tf.float32) + 1.0
+            return ctx.all_reduce(MEAN, [x * tf.ones([3]), x * x])
+
+        result = strategy.run(step)
+        assert len(calls) == 1, calls
+        for vector in strategy.experimental_local_results(result[0]):
+            np.testing.assert_allclose(vector.numpy(), [2.5] * 3)
+        for square in strategy.experimental_local_results(result[1]):
+            np.testing.assert_allclose(square.numpy(), 7.5)

@@ -1,0 +1,496 @@
+"""The public boundary every tf_crossdevice CrossDeviceOps shares.
+
+`CrossDeviceOpsBase` turns what users and `tf.distribute.MirroredStrategy`
+pass (PerReplica values, tensors, several kinds of destinations) into plain
+lists of tensors and device names, validates them with messages that name the
+argument, and wraps results in `Mirrored` values. Subclasses only implement
+`_all_reduce_dense`: sum a batch of dense values living on the same devices.
+
+Destinations may be None (the value's own devices), a DistributedValues (its
+devices), a tensor or variable (its device), a device string, or a list of
+device strings.
+
+Dense values whose destinations are exactly their own devices go to the
+subclass's all-reduce. Everything else (other destinations, `IndexedSlices`)
+is summed on one device, the first destination (or the subclass's
+`_reduce_to_device`), and copied to the destinations. `IndexedSlices` are
+summed by concatenating indices and values, as TensorFlow does.
+
+MEAN divides the sum by the number of replicas (components times
+`_num_between_graph_workers`). For integer dtypes MEAN follows TensorFlow's
+ReductionToOneDevice and returns the float64 mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_crossdevice import _tf_internal
+from tf_crossdevice._builders import reduction_to_one_device as one_device
+
+ReduceOp = tf.distribute.ReduceOp
+Value = tf.Tensor | tf.IndexedSlices
+
+_VALUE_TYPES = "a DistributedValues, tf.Tensor, tf.IndexedSlices or tf.Variable"
+_DESTINATION_TYPES = (
+    "None, a DistributedValues, a tf.Tensor or tf.Variable, a device string "
+    "or a list of device strings"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One value to reduce: its components, their devices, its destinations."""
+
+    components: tuple[Value, ...]
+    devices: tuple[str, ...]
+    destinations: tuple[str, ...]
+
+    @property
+    def sparse(self) -> bool:
+        return isinstance(self.components[0], tf.IndexedSlices)
+
+    @property
+    def dtype(self) -> tf.DType:
+        return self.components[0].dtype
+
+
+def check_reduce_op(reduce_op: Any) -> ReduceOp:
+    """Accepts `tf.distribute.ReduceOp` members or the strings 'SUM'/'MEAN'."""
+    if isinstance(reduce_op, ReduceOp):
+        return reduce_op
+    if isinstance(reduce_op, str) and reduce_op.upper() in ("SUM", "MEAN"):
+        return ReduceOp(reduce_op.upper())
+    raise ValueError(
+        f"reduce_op: expected tf.distribute.ReduceOp.SUM or "
+        f"tf.distribute.ReduceOp.MEAN, got {reduce_op!r}"
+    )
+
+
+def check_options(options: Any) -> None:
+    if options is not None and not isinstance(
+        options, _tf_internal.CommunicationOptions
+    ):
+        raise TypeError(
+            "options: expected None or "
+            f"tf.distribute.experimental.CommunicationOptions, got {options!r}"
+        )
+
+
+def canonical_device(device: Any, argument: str) -> str:
+    """Canonical device name; ValueError naming `argument` if unparsable."""
+    if not isinstance(device, str) or not device:
+        raise TypeError(
+            f"{argument}: expected a device string such as "
+            f"'/device:CPU:0', got {device!r}"
+        )
+    try:
+        return _tf_internal.canonicalize_device(device)
+    except (ValueError, TypeError, AssertionError) as e:
+        raise ValueError(
+            f"{argument}: {device!r} is not a device string such as "
+            f"'/device:CPU:0' or '/job:worker/task:1/device:GPU:0' ({e})"
+        ) from e
+
+
+def _device_key(device: str) -> tuple[str, int, int, str, int]:
+    spec = tf.DeviceSpec.from_string(device)
+    return (
+        spec.job or "localhost",
+        spec.replica or 0,
+        spec.task or 0,
+        (spec.device_type or "CPU").upper(),
+        spec.device_index or 0,
+    )
+
+
+def check_devices_exist(devices: Sequence[str], argument: str) -> None:
+    """ValueError naming `argument` if a device of a known job is missing.
+
+    Devices of jobs this process does not know (a TF 1 Session on a remote
+    cluster, say) cannot be checked here and are left to TensorFlow.
+    """
+    known = {_device_key(d.name) for d in tf.config.list_logical_devices()}
+    known_jobs = {key[0] for key in known}
+    for device in devices:
+        key = _device_key(device)
+        if key[0] in known_jobs and key not in known:
+            available = ", ".join(
+                sorted(d.name for d in tf.config.list_logical_devices())
+            )
+            raise ValueError(
+                f"{argument}: device {device!r} does not exist; this process "
+                f"has {available}"
+            )
+
+
+def _as_component(value: Any, argument: str) -> Value:
+    if isinstance(value, tf.IndexedSlices):
+        return value
+    if isinstance(value, tf.Variable):
+        return value.read_value()
+    if isinstance(value, tf.Tensor):
+        return value
+    raise TypeError(
+        f"{argument}: expected {_VALUE_TYPES}, got {type(value).__name__} "
+        f"{value!r}"
+    )
+
+
+def value_components(value: Any, argument: str) -> tuple[Value, ...]:
+    """The per-replica components of `value`, validated.
+
+    Raises:
+        ValueError: no components, or components whose shapes or dtypes differ.
+        TypeError: `value` or a component is not a tensor-like value, or its
+            dtype is not numeric.
+    """
+    if isinstance(value, _tf_internal.DistributedValues):
+        raw = tuple(value.values)
+    else:
+        raw = (value,)
+    if not raw:
+        raise ValueError(f"{argument}: has no per-replica values to reduce")
+    components = tuple(
+        _as_component(v, f"{argument} (replica {i})") for i, v in enumerate(raw)
+    )
+    if any(isinstance(c, tf.IndexedSlices) for c in components) and not all(
+        isinstance(c, tf.IndexedSlices) for c in components
+    ):
+        # A mix of dense and sparse gradients: reduce them densely.
+        components = tuple(tf.convert_to_tensor(c) for c in components)
+    first = components[0]
+    dtype = first.dtype
+    if not (dtype.is_floating or dtype.is_integer or dtype.is_complex):
+        raise TypeError(
+            f"{argument}: dtype {dtype.name} cannot be summed; expected a "
+            "floating, integer or complex dtype"
+        )
+    shape = _slice_shape(first)
+    for i, c in enumerate(components[1:], start=1):
+        if c.dtype != dtype:
+            raise ValueError(
+                f"{argument}: replica {i} has dtype {c.dtype.name} but "
+                f"replica 0 has {dtype.name}; all replicas must match"
+            )
+        if not _slice_shape(c).is_compatible_with(shape):
+            raise ValueError(
+                f"{argument}: replica {i} has shape {_shape_of(c)} but "
+                f"replica 0 has {_shape_of(first)}; all replicas must match"
+            )
+    return components
+
+
+def _slice_shape(value: Value) -> tf.TensorShape:
+    # IndexedSlices of different replicas may hold different numbers of rows.
+    if isinstance(value, tf.IndexedSlices):
+        return value.values.shape[1:]
+    return value.shape
+
+
+def _shape_of(value: Value) -> str:
+    if isinstance(value, tf.IndexedSlices):
+        return f"IndexedSlices rows {value.values.shape[1:]}"
+    return str(value.shape)
+
+
+def resolve_destinations(
+    destinations: Any, default: Sequence[str], argument: str = "destinations"
+) -> tuple[str, ...]:
+    """Canonical destination devices; `default` when destinations is None."""
+    if destinations is None:
+        devices = list(default)
+    elif isinstance(destinations, _tf_internal.DistributedValues):
+        devices = [v.device for v in destinations.values]
+    elif isinstance(destinations, str):
+        devices = [destinations]
+    elif isinstance(destinations, (tf.Tensor, tf.Variable, tf.IndexedSlices)):
+        devices = [destinations.device]
+    elif isinstance(destinations, (list, tuple)):
+        devices = list(destinations)
+        if not devices:
+            raise ValueError(f"{argument}: the list of devices is empty")
+        for i, d in enumerate(devices):
+            if not isinstance(d, str):
+                raise TypeError(
+                    f"{argument}[{i}]: expected a device string, got {d!r}"
+                )
+    else:
+        raise TypeError(
+            f"{argument}: expected {_DESTINATION_TYPES}, got "
+            f"{type(destinations).__name__}"
+        )
+    canonical = tuple(canonical_device(d, argument) for d in devices)
+    check_devices_exist(canonical, argument)
+    return canonical
+
+
+def make_item(value: Any, destinations: Any, argument: str) -> Item:
+    components = value_components(value, argument)
+    devices = tuple(canonical_device(c.device, argument) for c in components)
+    dest = resolve_destinations(destinations, devices)
+    return Item(components, devices, dest)
+
+
+def divide(value: Value, count: int) -> Value:
+    """MEAN's division; integers become the float64 mean, like TensorFlow."""
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            divide(value.values, count), value.indices, value.dense_shape
+        )
+    if value.dtype.is_integer:
+        return tf.math.truediv(tf.cast(value, tf.float64), count)
+    return value / tf.cast(count, value.dtype)
+
+
+def copy_value(value: Value, device: str) -> Value:
+    with tf.device(device):
+        if isinstance(value, tf.IndexedSlices):
+            return tf.IndexedSlices(
+                tf.identity(value.values),
+                tf.identity(value.indices),
+                value.dense_shape,
+            )
+        return tf.identity(value)
+
+
+def mirrored(values: Sequence[Value]) -> Any:
+    return _tf_internal.Mirrored(tuple(values))
+
+
+def sum_sparse(
+    components: Sequence[tf.IndexedSlices], device: str
+) -> tf.IndexedSlices:
+    with tf.device(device):
+        return tf.IndexedSlices(
+            tf.concat([c.values for c in components], axis=0),
+            tf.concat([c.indices for c in components], axis=0),
+            components[0].dense_shape,
+        )
+
+
+class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
+    """Validation, destinations, sparse values and MEAN for every subclass.
+
+    Subclasses implement `_all_reduce_dense`; `_reduce_to_device` and
+    `_accumulation_fn` steer the reduce-to-one-device path.
+    """
+
+    _reduce_to_device: str | None = None
+    _accumulation_fn: one_device.AccumulationFn | None = None
+
+    # ---- What subclasses implement -------------------------------------
+
+    def _all_reduce_dense(
+        self, batch: Sequence[Sequence[tf.Tensor]]
+    ) -> list[list[tf.Tensor]]:
+        """Sums each value of `batch` across its devices.
+
+        Args:
+            batch: `batch[k][d]` is value k's dense tensor on device d; every
+                value has the same devices, in the same order, and more than
+                one.
+
+        Returns:
+            `result[k][d]`: value k's sum, on the same device as `batch[k][d]`.
+        """
+        raise NotImplementedError
+
+    # ---- The public methods MirroredStrategy and users call -------------
+
+    def reduce(
+        self,
+        reduce_op: Any,
+        per_replica_value: Any,
+        destinations: Any = None,
+        options: Any = None,
+    ) -> Any:
+        """Reduces `per_replica_value` to `destinations` (None: its devices).
+
+        Returns:
+            A Mirrored value with one component per destination device.
+        """
+        reduce_op = check_reduce_op(reduce_op)
+        check_options(options)
+        item = make_item(per_replica_value, destinations, "per_replica_value")
+        return self._reduce_items(reduce_op, [item])[0]
+
+    def batch_reduce(
+        self, reduce_op: Any, value_destination_pairs: Any, options: Any = None
+    ) -> list[Any]:
+        """Reduces several (value, destinations) pairs in one go.
+
+        An empty list gives an empty list.
+        """
+        reduce_op = check_reduce_op(reduce_op)
+        check_options(options)
+        return self._reduce_items(
+            reduce_op, self._items_from_pairs(value_destination_pairs)
+        )
+
+    def broadcast(self, tensor: Any, destinations: Any = None) -> Any:
+        """Mirrors `tensor` onto `destinations` (None: the tensor's device)."""
+        return self.broadcast_implementation(tensor, destinations)
+
+    def gather(
+        self,
+        per_replica_value: Any,
+        destinations: Any = None,
+        axis: int = 0,
+        options: Any = None,
+    ) -> Any:
+        """Concatenates the replicas' values along `axis` on `destinations`.
+
+        `IndexedSlices` are gathered along axis 0 only: replica r's indices
+        are shifted by r times the dense first dimension.
+        """
+        return self._gather(per_replica_value, destinations, axis, options)
+
+    # ---- TensorFlow's hooks ---------------------------------------------
+
+    def reduce_implementation(
+        self, reduce_op, per_replica_value, destinations, options
+    ):
+        return self.reduce(reduce_op, per_replica_value, destinations, options)
+
+    def batch_reduce_implementation(
+        self, reduce_op, value_destination_pairs, options
+    ):
+        return self.batch_reduce(reduce_op, value_destination_pairs, options)
+
+    def broadcast_implementation(self, tensor, destinations):
+        component = _as_component(tensor, "tensor")
+        source = canonical_device(component.device, "tensor")
+        devices = resolve_destinations(destinations, [source])
+        return mirrored([copy_value(component, d) for d in devices])
+
+    def _gather(self, per_replica_value, destinations, axis, options=None):
+        check_options(options)
+        item = make_item(per_replica_value, destinations, "per_replica_value")
+        return self._gather_implementation(item, None, axis, options)
+
+    def _gather_implementation(
+        self, per_replica_value, destinations, axis, options
+    ):
+        if isinstance(per_replica_value, Item):
+            item = per_replica_value
+        else:
+            item = make_item(
+                per_replica_value, destinations, "per_replica_value"
+            )
+        gathered = _gather_on(item, axis, item.destinations[0])
+        return mirrored([copy_value(gathered, d) for d in item.destinations])
+
+    # ---- The shared machinery -------------------------------------------
+
+    def _items_from_pairs(self, value_destination_pairs: Any) -> list[Item]:
+        if not isinstance(value_destination_pairs, (list, tuple)):
+            raise TypeError(
+                "value_destination_pairs: expected a list of (value, "
+                f"destinations) pairs, got "
+                f"{type(value_destination_pairs).__name__}"
+            )
+        items = []
+        for i, pair in enumerate(value_destination_pairs):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise TypeError(
+                    f"value_destination_pairs[{i}]: expected a (value, "
+                    f"destinations) pair, got {pair!r}"
+                )
+            items.append(
+                make_item(pair[0], pair[1], f"value_destination_pairs[{i}]")
+            )
+        return items
+
+    def _reduce_items(self, reduce_op: ReduceOp, items: list[Item]) -> list:
+        results: list[Any] = [None] * len(items)
+        all_reduce: dict[tuple[str, ...], list[int]] = {}
+        for i, item in enumerate(items):
+            if (
+                not item.sparse
+                and len(item.devices) > 1
+                and item.destinations == item.devices
+            ):
+                all_reduce.setdefault(item.devices, []).append(i)
+            else:
+                results[i] = self._reduce_on_one_device(reduce_op, item)
+        for indices in all_reduce.values():
+            batch = [list(items[i].components) for i in indices]
+            summed = self._all_reduce_dense(batch)
+            for i, per_device in zip(indices, summed, strict=True):
+                if reduce_op == ReduceOp.MEAN:
+                    count = self._replica_count(items[i])
+                    per_device = [
+                        _divide_in_place(t, count) for t in per_device
+                    ]
+                results[i] = mirrored(per_device)
+        return results
+
+    def _reduce_on_one_device(self, reduce_op: ReduceOp, item: Item) -> Any:
+        device = self._reduce_to_device or item.destinations[0]
+        if item.sparse:
+            total = sum_sparse(item.components, device)  # type: ignore[arg-type]
+        else:
+            total = one_device.sum_on_device(
+                item.components,  # type: ignore[arg-type]
+                device,
+                self._accumulation_fn,
+            )
+        if reduce_op == ReduceOp.MEAN:
+            with tf.device(device):
+                total = divide(total, self._replica_count(item))
+        return mirrored([copy_value(total, d) for d in item.destinations])
+
+    def _replica_count(self, item: Item) -> int:
+        return len(item.components) * self._num_between_graph_workers
+
+
+def _divide_in_place(tensor: tf.Tensor, count: int) -> Value:
+    with tf.device(tensor.device):
+        return divide(tensor, count)
+
+
+def _gather_on(item: Item, axis: int, device: str) -> Value:
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"axis: expected an int, got {axis!r}")
+    first = item.components[0]
+    if item.sparse:
+        if axis != 0:
+            raise ValueError(
+                f"axis: IndexedSlices can only be gathered along axis 0, "
+                f"got {axis}"
+            )
+        with tf.device(device):
+            rows = tf.cast(first.dense_shape[0], first.indices.dtype)
+            dense_shape = tf.concat(
+                [
+                    [first.dense_shape[0] * len(item.components)],
+                    first.dense_shape[1:],
+                ],
+                axis=0,
+            )
+            return tf.IndexedSlices(
+                tf.concat([c.values for c in item.components], axis=0),
+                tf.concat(
+                    [
+                        c.indices + r * rows
+                        for r, c in enumerate(item.components)
+                    ],
+                    axis=0,
+                ),
+                dense_shape,
+            )
+    rank = first.shape.rank
+    if rank is not None and not -rank <= axis < max(rank, 1):
+        raise ValueError(
+            f"axis: {axis} is out of range for values of rank {rank}; "
+            f"expected {-rank} <= axis < {rank}"
+        )
+    with tf.device(device):
+        if rank == 0:
+            return tf.stack(list(item.components), axis=0)
+        return tf.concat(list(item.components), axis=axis)

@@ -1,0 +1,61 @@
+"""Hierarchical-copy all-reduce (TF 1's DGX-1 two-group scheme, any n).
+
+See `tf_crossdevice._schedules.hierarchical_copy` for the schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tf_crossdevice._builders import reduction_to_one_device as one_device
+from tf_crossdevice._schedules import hierarchical_copy as schedule
+
+
+def hierarchical_copy_all_reduce(
+    tensors: Sequence[tf.Tensor], tensor_index: int = 0
+) -> list[tf.Tensor]:
+    """All-reduce (sum) of one tensor per device by hierarchical copy.
+
+    Args:
+        tensors: one dense tensor per device, same shape and dtype.
+        tensor_index: position of this tensor in its batch; it picks the main
+            device (`tensor_index % len(tensors)`) so that a batch spreads the
+            summing over all devices.
+
+    Returns:
+        The sum, the i-th copy on `tensors[i].device`.
+
+    >>> devices = tf_crossdevice.testing.cpu_devices(3)
+    >>> tensors = []
+    >>> for i, d in enumerate(devices):
+    ...     with tf.device(d):
+    ...         tensors.append(tf.constant([i, 10 * i], tf.int64))
+    >>> [t.numpy().tolist() for t in hierarchical_copy_all_reduce(tensors, 1)]
+    [[3, 30], [3, 30], [3, 30]]
+    """
+    if not tensors:
+        raise ValueError("tensors: expected at least one tensor, got none")
+    devices = [t.device for t in tensors]
+    if len(tensors) == 1:
+        return one_device.copy_to_devices(tensors[0], devices)
+    plan = schedule.hierarchical_copy_plan(len(tensors), tensor_index)
+    main_sum = one_device.sum_on_device(
+        [tensors[i] for i in plan.main_group], devices[plan.main_root]
+    )
+    assert plan.other_root is not None  # n >= 2: both groups are non-empty.
+    other_sum = one_device.sum_on_device(
+        [tensors[i] for i in plan.other_group], devices[plan.other_root]
+    )
+    total = one_device.sum_on_device(
+        [main_sum, other_sum], devices[plan.main_root]
+    )
+    with tf.device(devices[plan.other_root]):
+        other_total = tf.identity(total)
+    roots = {plan.main_root: total, plan.other_root: other_total}
+    results = []
+    for i, device in enumerate(devices):
+        with tf.device(device):
+            results.append(tf.identity(roots[plan.root_of(i)]))
+    return results

@@ -1,0 +1,71 @@
+"""NCCL all-reduce through TensorFlow's NCCL kernels, with a CPU fallback.
+
+TensorFlow registers `NcclAllReduce` for GPUs only (FACTS: no CPU kernel) and
+NCCL refuses two ranks on one GPU. `nccl_all_reduce` therefore checks the
+devices first: when they are not distinct GPUs of a CUDA/ROCm build it logs
+once, naming the devices, and sums on the first device instead (see
+`reduction_to_one_device`), which on one host is the fastest CPU path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+from absl import logging
+
+from tf_crossdevice import _tf_internal
+from tf_crossdevice._builders import reduction_to_one_device as one_device
+
+
+def nccl_unavailable_reason(devices: Sequence[str]) -> str | None:
+    """Why NCCL cannot all-reduce across `devices`, or None if it can.
+
+    >>> nccl_unavailable_reason(["/device:CPU:0", "/device:CPU:1"])
+    'devices are not all GPUs: /device:CPU:0, /device:CPU:1'
+    """
+    specs = [tf.DeviceSpec.from_string(d) for d in devices]
+    if any((s.device_type or "").upper() != "GPU" for s in specs):
+        return "devices are not all GPUs: " + ", ".join(devices)
+    canonical = [_tf_internal.canonicalize_device(d) for d in devices]
+    if len(set(canonical)) != len(canonical):
+        return "NCCL needs distinct GPUs, got " + ", ".join(devices)
+    info = tf.sysconfig.get_build_info()
+    if not (info.get("is_cuda_build") or info.get("is_rocm_build")):
+        return "this TensorFlow build has no NCCL kernel (not a CUDA build)"
+    return None
+
+
+def nccl_all_reduce(tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """All-reduce (sum) with NCCL, or on one device where NCCL cannot run.
+
+    Returns one sum per input, the i-th on `tensors[i].device`.
+
+    >>> devices = tf_crossdevice.testing.cpu_devices(2)
+    >>> tensors = []
+    >>> for i, d in enumerate(devices):
+    ...     with tf.device(d):
+    ...         tensors.append(tf.constant([1.0 + i]))
+    >>> [t.numpy().tolist() for t in nccl_all_reduce(tensors)]
+    [[3.0], [3.0]]
+    """
+    if not tensors:
+        raise ValueError("tensors: expected at least one tensor, got none")
+    devices = [t.device for t in tensors]
+    reason = nccl_unavailable_reason(devices) if len(tensors) > 1 else None
+    if len(tensors) == 1 or reason is not None:
+        if reason is not None:
+            logging.log_first_n(
+                logging.WARNING,
+                "NCCL all-reduce cannot run here (%s); summing on %s and "
+                "copying instead.",
+                1,
+                reason,
+                devices[0],
+            )
+        return one_device.reduce_to_one_device_all_reduce(tensors)
+    if tf.executing_eagerly():
+        # Every rank's NcclAllReduce must be launched together; one eager op
+        # at a time would wait forever for the others.
+        return list(tf.function(_tf_internal.nccl_all_sum)(list(tensors)))
+    return list(_tf_internal.nccl_all_sum(list(tensors)))

@@ -1,0 +1,276 @@
+"""The single-worker CrossDeviceOps classes: thin, validating wrappers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_crossdevice import _base, _packing
+from tf_crossdevice._builders import hierarchical_copy, nccl
+
+AllReduceFn = Callable[[Sequence[tf.Tensor], int], list[tf.Tensor]]
+
+ALL_REDUCE_ALGORITHMS = ("nccl", "hierarchical_copy")
+
+
+def check_non_negative_int(value: Any, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{argument}: expected an int >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{argument}: expected an int >= 0, got {value}")
+    return value
+
+
+def check_packing(
+    num_packs: Any,
+    agg_small_grads_max_bytes: Any,
+    agg_small_grads_max_group: Any,
+) -> tuple[int, int, int]:
+    """Validates the packing arguments shared by the all-reduce classes."""
+    num_packs = check_non_negative_int(num_packs, "num_packs")
+    max_bytes = check_non_negative_int(
+        agg_small_grads_max_bytes, "agg_small_grads_max_bytes"
+    )
+    max_group = check_non_negative_int(
+        agg_small_grads_max_group, "agg_small_grads_max_group"
+    )
+    if max_bytes > 0 and max_group < 1:
+        raise ValueError(
+            "agg_small_grads_max_group: expected >= 1 when "
+            f"agg_small_grads_max_bytes > 0, got {max_group}"
+        )
+    if num_packs > 0 and max_bytes > 0:
+        raise ValueError(
+            f"agg_small_grads_max_bytes={max_bytes} has no effect while "
+            f"num_packs={num_packs} concatenates every tensor into packs; "
+            "pass num_packs=0 to aggregate small tensors instead"
+        )
+    return num_packs, max_bytes, max_group
+
+
+class ReductionToOneDevice(_base.CrossDeviceOpsBase):
+    """Sums every value on one device, then copies the sum out.
+
+    Args:
+        reduce_to_device: the device that sums; None means the first
+            destination device of each value.
+        accumulation_fn: how to sum a list of tensors on that device;
+            default `tf.math.add_n`.
+
+    Raises:
+        TypeError: `reduce_to_device` is not a device string, or
+            `accumulation_fn` is not callable.
+        ValueError: `reduce_to_device` is not a parsable device string.
+
+    Example (4 logical CPU devices):
+
+    >>> devices = tf_crossdevice.testing.cpu_devices(4)
+    >>> strategy = tf.distribute.MirroredStrategy(
+    ...     devices, cross_device_ops=tf_crossdevice.ReductionToOneDevice())
+    >>> @tf.function
+    ... def step():
+    ...     ctx = tf.distribute.get_replica_context()
+    ...     value = tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32)
+    ...     return ctx.all_reduce(tf.distribute.ReduceOp.SUM, value)
+    >>> result = strategy.run(step)
+    >>> [float(v) for v in strategy.experimental_local_results(result)]
+    [10.0, 10.0, 10.0, 10.0]
+    """
+
+    def __init__(
+        self,
+        reduce_to_device: str | None = None,
+        accumulation_fn: Callable[[list[tf.Tensor]], tf.Tensor] | None = None,
+    ):
+        super().__init__()
+        if reduce_to_device is not None:
+            reduce_to_device = _base.canonical_device(
+                reduce_to_device, "reduce_to_device"
+            )
+        if accumulation_fn is not None and not callable(accumulation_fn):
+            raise TypeError(
+                "accumulation_fn: expected None or a callable that sums a "
+                f"list of tensors, got {accumulation_fn!r}"
+            )
+        self._reduce_to_device = reduce_to_device
+        self._accumulation_fn = accumulation_fn
+        self._checked_device = False
+
+    def _reduce_on_one_device(self, reduce_op, item):
+        if self._reduce_to_device is not None and not self._checked_device:
+            _base.check_devices_exist(
+                [self._reduce_to_device], "reduce_to_device"
+            )
+            self._checked_device = True
+        return super()._reduce_on_one_device(reduce_op, item)
+
+    def _reduce_items(self, reduce_op, items):
+        # Every value takes the one-device path; the all-reduce path would
+        # only add a copy.
+        return [self._reduce_on_one_device(reduce_op, item) for item in items]
+
+
+def _hierarchical_copy(tensors: Sequence[tf.Tensor], index: int):
+    return hierarchical_copy.hierarchical_copy_all_reduce(tensors, index)
+
+
+def _nccl(tensors: Sequence[tf.Tensor], index: int):
+    del index  # NCCL runs every tensor on every device alike.
+    return nccl.nccl_all_reduce(tensors)
+
+
+_BUILDERS: dict[str, AllReduceFn] = {
+    "nccl": _nccl,
+    "hierarchical_copy": _hierarchical_copy,
+}
+
+
+class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
+    """All-reduce with NCCL or hierarchical copy, after optional packing.
+
+    Args:
+        all_reduce_alg: "nccl" or "hierarchical_copy". NCCL runs on distinct
+            GPUs of a CUDA build; elsewhere (CPU devices) it logs one warning
+            and sums on the first device instead.
+        num_packs: if > 0, each dtype's tensors are concatenated and split
+            into this many packs before the all-reduce (0: no packing).
+        agg_small_grads_max_bytes: with num_packs=0, tensors of at most this
+            many bytes are concatenated into groups before the all-reduce
+            (0: off).
+        agg_small_grads_max_group: the most tensors in one such group.
+
+    Raises:
+        ValueError: unknown `all_reduce_alg`, a negative count, or both
+            packing schemes at once.
+        TypeError: an argument of the wrong type.
+
+    Example (4 logical CPU devices):
+
+    >>> devices = tf_crossdevice.testing.cpu_devices(4)
+    >>> ops = tf_crossdevice.AllReduceCrossDeviceOps("hierarchical_copy")
+    >>> strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
+    >>> value = tf_crossdevice.testing.per_replica(
+    ...     [tf.constant([1.0, 2.0]) * (i + 1) for i in range(4)], devices)
+    >>> total = ops.reduce(tf.distribute.ReduceOp.MEAN, value)
+    >>> strategy.experimental_local_results(total)[3].numpy()
+    array([2.5, 5. ], dtype=float32)
+    """
+
+    def __init__(
+        self,
+        all_reduce_alg: str = "nccl",
+        num_packs: int = 1,
+        agg_small_grads_max_bytes: int = 0,
+        agg_small_grads_max_group: int = 10,
+    ):
+        super().__init__()
+        if all_reduce_alg not in ALL_REDUCE_ALGORITHMS:
+            raise ValueError(
+                f"all_reduce_alg: unknown algorithm {all_reduce_alg!r}; "
+                f"expected one of {', '.join(ALL_REDUCE_ALGORITHMS)}"
+            )
+        self._all_reduce_alg = all_reduce_alg
+        (
+            self._num_packs,
+            self._agg_small_grads_max_bytes,
+            self._agg_small_grads_max_group,
+        ) = check_packing(
+            num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group
+        )
+
+    def _all_reduce_dense(self, batch):
+        return packed_all_reduce(
+            batch,
+            _BUILDERS[self._all_reduce_alg],
+            num_packs=self._num_packs,
+            agg_small_grads_max_bytes=self._agg_small_grads_max_bytes,
+            agg_small_grads_max_group=self._agg_small_grads_max_group,
+        )
+
+
+def packed_all_reduce(
+    batch: Sequence[Sequence[tf.Tensor]],
+    all_reduce: AllReduceFn,
+    *,
+    num_packs: int,
+    agg_small_grads_max_bytes: int,
+    agg_small_grads_max_group: int,
+) -> list[list[tf.Tensor]]:
+    """Packs each device's tensors, all-reduces each pack, unpacks.
+
+    Args:
+        batch: `batch[k][d]` is value k on device d (same devices for all k).
+        all_reduce: sums one pack across devices; gets the pack's index too.
+
+    Returns:
+        `result[k][d]`, the sum of value k, on device d.
+    """
+    num_devices = len(batch[0])
+    devices = [t.device for t in batch[0]]
+    packer = _packing.make_packer(
+        [value[0] for value in batch],
+        num_packs=num_packs,
+        agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+        agg_small_grads_max_group=agg_small_grads_max_group,
+    )
+    packs_per_device = []
+    for d, device in enumerate(devices):
+        with tf.device(device):
+            packs_per_device.append(packer.pack([value[d] for value in batch]))
+    summed_packs = [
+        all_reduce([packs[j] for packs in packs_per_device], j)
+        for j in range(packer.num_packs)
+    ]
+    per_device = []
+    for d, device in enumerate(devices):
+        with tf.device(device):
+            per_device.append(packer.unpack([pack[d] for pack in summed_packs]))
+    return [
+        [per_device[d][k] for d in range(num_devices)]
+        for k in range(len(batch))
+    ]
+
+
+class NcclAllReduce(AllReduceCrossDeviceOps):
+    """NCCL all-reduce on GPUs, with packing into `num_packs` packs.
+
+    Without GPUs (or without a CUDA build) it logs one warning naming the
+    devices and sums on the first device instead, so the same program runs
+    on a laptop and on a GPU server.
+
+    Args:
+        num_packs: see `AllReduceCrossDeviceOps` (0: no packing).
+
+    >>> ops = tf_crossdevice.NcclAllReduce(num_packs=2)
+    >>> value = tf_crossdevice.testing.per_replica(
+    ...     [tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])])
+    >>> [v.numpy().tolist() for v in ops.reduce("sum", value).values]
+    [[4.0, 6.0], [4.0, 6.0]]
+    """
+
+    def __init__(self, num_packs: int = 1):
+        super().__init__("nccl", num_packs=num_packs)
+
+
+class HierarchicalCopyAllReduce(AllReduceCrossDeviceOps):
+    """TF 1's DGX-1 hierarchical copy, for any device count >= 1.
+
+    Per tensor a main device (rotating over all devices) sums its half of
+    the devices, a partner sums the other half, the two sums meet and flow
+    back. Runs on GPUs and on logical CPU devices alike.
+
+    Args:
+        num_packs: see `AllReduceCrossDeviceOps` (0: no packing).
+
+    >>> ops = tf_crossdevice.HierarchicalCopyAllReduce(num_packs=0)
+    >>> value = tf_crossdevice.testing.per_replica(
+    ...     [tf.constant([1, 2], tf.int64), tf.constant([3, 4], tf.int64),
+    ...      tf.constant([5, 6], tf.int64)])
+    >>> [v.numpy().tolist() for v in ops.reduce("sum", value).values]
+    [[9, 12], [9, 12], [9, 12]]
+    """
+
+    def __init__(self, num_packs: int = 1):
+        super().__init__("hierarchical_copy", num_packs=num_packs)

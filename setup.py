@@ -30,7 +30,9 @@ setuptools.setup(
         "numpy>=1.26",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100"],
+        # pytest-xdist runs the suite on both cores of a small machine.
+        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100"],
+        "dev": ["ruff>=0.6", "mypy>=1.10"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -400,3 +400,18 @@ class CrossDeviceOpsContract:
             np.testing.assert_allclose(vector.numpy(), [2.5] * 3)
         for square in strategy.experimental_local_results(result[1]):
             np.testing.assert_allclose(square.numpy(), 7.5)
+
+    def test_values_captured_by_a_function(self):
+        """Captured eager values have device '' inside the function."""
+        ops = self.make_ops()
+        arrays = [np.full([4], i + 1.0, np.float32) for i in range(3)]
+        value = testing.per_replica([tf.constant(a) for a in arrays])
+
+        @tf.function
+        def fn():
+            summed = ops.batch_reduce(SUM, [(value, value), (value, None)])
+            return [list(r.values) for r in summed]
+
+        for result in fn():
+            for component in result:
+                np.testing.assert_array_equal(component.numpy(), [6.0] * 4)

@@ -8,12 +8,14 @@ from tf_crossdevice._ops import AllReduceCrossDeviceOps
 from tf_crossdevice._ops import HierarchicalCopyAllReduce
 from tf_crossdevice._ops import NcclAllReduce
 from tf_crossdevice._ops import ReductionToOneDevice
+from tf_crossdevice._selection import select_cross_device_ops
 
 __all__ = [
     "AllReduceCrossDeviceOps",
     "HierarchicalCopyAllReduce",
     "NcclAllReduce",
     "ReductionToOneDevice",
+    "select_cross_device_ops",
     "testing",
 ]
 

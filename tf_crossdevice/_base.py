@@ -117,6 +117,8 @@ def check_devices_exist(devices: Sequence[str], argument: str) -> None:
     known = {_device_key(d.name) for d in tf.config.list_logical_devices()}
     known_jobs = {key[0] for key in known}
     for device in devices:
+        if not device:
+            continue
         key = _device_key(device)
         if key[0] in known_jobs and key not in known:
             available = ", ".join(
@@ -224,14 +226,24 @@ def resolve_destinations(
             f"{argument}: expected {_DESTINATION_TYPES}, got "
             f"{type(destinations).__name__}"
         )
-    canonical = tuple(canonical_device(d, argument) for d in devices)
+    # Devices taken from values may be '' (see make_item); strings may not.
+    from_strings = isinstance(destinations, (str, list, tuple))
+    canonical = tuple(
+        canonical_device(d, argument) if d or from_strings else ""
+        for d in devices
+    )
     check_devices_exist(canonical, argument)
     return canonical
 
 
 def make_item(value: Any, destinations: Any, argument: str) -> Item:
     components = value_components(value, argument)
-    devices = tuple(canonical_device(c.device, argument) for c in components)
+    # A tensor captured by a tf.function, or built without a device scope in
+    # a graph, has device '': TensorFlow places it, and so its sum.
+    devices = tuple(
+        canonical_device(c.device, argument) if c.device else ""
+        for c in components
+    )
     dest = resolve_destinations(destinations, devices)
     return Item(components, devices, dest)
 
@@ -364,7 +376,11 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
 
     def broadcast_implementation(self, tensor, destinations):
         component = _as_component(tensor, "tensor")
-        source = canonical_device(component.device, "tensor")
+        source = (
+            canonical_device(component.device, "tensor")
+            if component.device
+            else ""
+        )
         devices = resolve_destinations(destinations, [source])
         return mirrored([copy_value(component, d) for d in devices])
 

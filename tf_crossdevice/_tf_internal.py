@@ -27,3 +27,16 @@ def nccl_all_sum(tensors):
     from tensorflow.python.ops import nccl_ops  # Loads the NCCL kernels.
 
     return nccl_ops.all_sum(tensors)
+
+
+def local_gpu_links() -> dict[str, list[int]]:
+    """Each local GPU's canonical name -> the TF GPU ids it has links to."""
+    from tensorflow.python.client import device_lib
+
+    links = {}
+    for device in device_lib.list_local_devices():
+        if device.device_type == "GPU":
+            links[canonicalize_device(device.name)] = [
+                link.device_id for link in device.locality.links.link
+            ]
+    return links

@@ -1,0 +1,85 @@
+"""Picks a CrossDeviceOps from the devices and how they are linked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+from absl import logging
+
+from tf_crossdevice import _base, _ops, _tf_internal
+from tf_crossdevice._schedules import topology
+
+
+def select_cross_device_ops(
+    devices: Sequence[str],
+    link_matrix: topology.LinkMatrix | None = None,
+) -> tf.distribute.CrossDeviceOps:
+    """The CrossDeviceOps that suits `devices`.
+
+    - Any device that is not a GPU: `HierarchicalCopyAllReduce(num_packs=0)`,
+      our fastest on one host's CPU devices (see the benchmark in README).
+    - GPUs whose links form a DGX-1-like hybrid cube-mesh (8 GPUs, each
+      linked to the three others of its quad and to its peer in the other
+      quad): `HierarchicalCopyAllReduce(num_packs=8)`.
+    - Other GPUs: `NcclAllReduce(num_packs=1)`.
+
+    Args:
+        devices: the replicas' device strings.
+        link_matrix: for GPUs, `link_matrix[i][j]` is true when device i has a
+            direct link (NVLink) to device j. None reads the links TensorFlow
+            reports for the local GPUs.
+
+    Returns:
+        A new CrossDeviceOps instance.
+
+    Raises:
+        ValueError: `devices` is empty or holds an unparsable device string,
+            or `link_matrix` is not len(devices) x len(devices).
+        TypeError: `devices` is not a list of strings.
+
+    >>> select_cross_device_ops(["/cpu:0", "/cpu:1"]).__class__.__name__
+    'HierarchicalCopyAllReduce'
+    >>> dgx1 = tf_crossdevice.select_cross_device_ops(
+    ...     [f"/gpu:{i}" for i in range(8)],
+    ...     link_matrix=topology.dgx1_link_matrix())
+    >>> type(dgx1).__name__, dgx1._num_packs
+    ('HierarchicalCopyAllReduce', 8)
+    """
+    if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
+        raise TypeError(
+            f"devices: expected a list of device strings, got {devices!r}"
+        )
+    if not devices:
+        raise ValueError("devices: expected at least one device, got none")
+    canonical = [_base.canonical_device(d, "devices") for d in devices]
+    if link_matrix is not None:
+        topology.check_link_matrix(link_matrix, len(devices))
+    kinds = {tf.DeviceSpec.from_string(d).device_type for d in canonical}
+    if kinds != {"GPU"}:
+        logging.info(
+            "select_cross_device_ops: %s are not all GPUs; using hierarchical "
+            "copy without packing.",
+            ", ".join(canonical),
+        )
+        return _ops.HierarchicalCopyAllReduce(num_packs=0)
+    if link_matrix is None:
+        link_matrix = _local_link_matrix(canonical)
+    if topology.is_dgx1_like(link_matrix):
+        logging.info(
+            "select_cross_device_ops: DGX-1-like links; "
+            "hierarchical copy with 8 packs."
+        )
+        return _ops.HierarchicalCopyAllReduce(num_packs=8)
+    logging.info("select_cross_device_ops: NCCL all-reduce.")
+    return _ops.NcclAllReduce(num_packs=1)
+
+
+def _local_link_matrix(devices: Sequence[str]) -> list[list[bool]]:
+    links = _tf_internal.local_gpu_links()
+    ids = [tf.DeviceSpec.from_string(d).device_index for d in devices]
+    matrix = [[False] * len(devices) for _ in devices]
+    for i, device in enumerate(devices):
+        for j, other in enumerate(ids):
+            matrix[i][j] = other in links.get(device, [])
+    return matrix

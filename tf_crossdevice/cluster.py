@@ -1,0 +1,575 @@
+"""Starts TensorFlow gRPC worker servers on this machine, for tests and demos.
+
+Each worker is a separate Python process running
+`tf.distribute.Server(cluster_spec, job_name="worker", task_index=i)` with
+its CPU split into `cpus_per_worker` devices. A client process connects with
+`tf.config.experimental_connect_to_cluster(cluster.cluster_spec)` and places
+ops with `tf.device(cluster.worker_devices()[k])`; a `tf.function` may span
+workers. Connecting changes process-wide TensorFlow state, so do it in the
+process that runs the multi-worker computation, not in a test runner shared
+with other tests.
+
+Workers always go away: `LocalCluster.stop()` runs on leaving a `with` block
+(also on exceptions) and at interpreter exit, and every worker exits by itself
+when the launching process dies (it watches a pipe the parent holds).
+
+Caveat: TensorFlow's gRPC server listens on every interface (`0.0.0.0`,
+hard-coded in TF 2.21's grpc_server_lib.cc) whatever `host` says; `host` is
+the address written into the cluster spec, which clients dial. The server
+runs any graph it is sent, without authentication, so start clusters only on
+machines whose ports are not reachable by untrusted hosts.
+
+Command line (prints the cluster spec as one JSON line, runs until SIGINT or
+SIGTERM, then stops the workers and exits 0):
+
+    python -m tf_crossdevice.cluster --num_workers=2 --cpus_per_worker=2
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+from typing import IO
+
+import tensorflow as tf
+from absl import app, flags, logging
+
+from tf_crossdevice import _worker_main
+
+_WORKER_MODULE = "tf_crossdevice._worker_main"
+_MAX_START_ATTEMPTS = 3
+_POLL_SECONDS = 0.05
+_STOP_GRACE_SECONDS = 5.0
+_STDERR_TAIL_CHARS = 2000
+_DEVICE_TYPES = ("CPU", "GPU")
+# DeviceNameUtils' job name syntax.
+_JOB_NAME_RE = re.compile(r"[a-zA-Z][_a-zA-Z0-9]*")
+# The directory that holds the `tf_crossdevice` package, so that workers can
+# import it even when it is not installed.
+_PACKAGE_PARENT = str(pathlib.Path(__file__).absolute().parent.parent)
+
+
+class _PortTakenError(Exception):
+    """A worker could not bind its port; the launch is retried elsewhere."""
+
+
+@dataclasses.dataclass
+class _Worker:
+    task_index: int
+    host: str
+    port: int
+    process: subprocess.Popen[bytes]
+    # Anonymous temporary files the worker writes to. Read with os.pread,
+    # which leaves the offset that the worker shares alone; nothing is left
+    # on disk, even when this process is killed.
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+    devices: dict[str, int] | None = None  # From the readiness line.
+    accepting: bool = False
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def stdout_text(self) -> str:
+        return _read_tail(self.stdout, None)
+
+    def stderr_tail(self) -> str:
+        tail = _read_tail(self.stderr, _STDERR_TAIL_CHARS).strip()
+        return tail or "<stderr empty>"
+
+    def close_logs(self) -> None:
+        self.stdout.close()
+        self.stderr.close()
+
+
+def _read_tail(file: IO[bytes], limit: int | None) -> str:
+    """The last `limit` bytes of `file` (all if None), decoded."""
+    if file.closed:
+        return "<closed>"
+    fd = file.fileno()
+    size = os.fstat(fd).st_size
+    start = 0 if limit is None else max(0, size - limit)
+    return os.pread(fd, size - start, start).decode(errors="replace")
+
+
+class LocalCluster:
+    """TensorFlow worker servers running as child processes of this one.
+
+    Create one with `start_local_cluster`, which waits until every worker
+    serves; see its docstring for an example. Use it as a context manager or
+    call `stop()`; either way the workers are also stopped at interpreter
+    exit and die by themselves if this process dies.
+
+    Attributes:
+        cluster_spec: `tf.train.ClusterSpec` with one job (`job_name`) whose
+            tasks are the workers' `host:port` addresses, in task order.
+        num_workers: how many workers were started.
+    """
+
+    def __init__(self, job_name: str, workers: list[_Worker]) -> None:
+        """Takes ownership of started worker processes (internal).
+
+        Args:
+            job_name: the job the workers serve.
+            workers: the processes, in task order.
+        """
+        self._job_name = job_name
+        self._workers = workers
+        self._lock = threading.Lock()
+        self._stopped = False
+        atexit.register(self.stop)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    @property
+    def cluster_spec(self) -> tf.train.ClusterSpec:
+        return tf.train.ClusterSpec({self._job_name: self.addresses})
+
+    @property
+    def addresses(self) -> list[str]:
+        """The workers' `host:port` addresses, in task order."""
+        return [w.address for w in self._workers]
+
+    @property
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The worker processes, in task order (read `returncode`, `pid`)."""
+        return [w.process for w in self._workers]
+
+    def worker_devices(self, device_type: str = "CPU") -> list[str]:
+        """Returns the canonical names of the workers' devices of one type.
+
+        Args:
+            device_type: "CPU" (each worker has `cpus_per_worker`) or "GPU"
+                (each worker sees every GPU of the machine; none on a
+                CPU-only machine).
+
+        Returns:
+            Names like '/job:worker/replica:0/task:1/device:CPU:0', task by
+            task, and within a task by device index.
+
+        Raises:
+            ValueError: `device_type` is not "CPU" or "GPU".
+        """
+        if device_type not in _DEVICE_TYPES:
+            raise ValueError(
+                f"device_type: expected one of {', '.join(_DEVICE_TYPES)}, "
+                f"got {device_type!r}"
+            )
+        names = []
+        for w in self._workers:
+            assert w.devices is not None, "worker_devices before readiness"
+            for k in range(w.devices.get(device_type, 0)):
+                names.append(
+                    f"/job:{self._job_name}/replica:0/task:{w.task_index}"
+                    f"/device:{device_type}:{k}"
+                )
+        return names
+
+    def kill_worker(self, task_index: int) -> None:
+        """Kills one worker with SIGKILL and waits for it to exit.
+
+        Meant for failure tests; the other workers keep running, and `stop()`
+        still cleans up. Killing a worker that already exited does nothing.
+
+        Args:
+            task_index: which worker, 0 <= task_index < num_workers.
+
+        Raises:
+            ValueError: `task_index` is not a valid task index.
+        """
+        if (
+            isinstance(task_index, bool)
+            or not isinstance(task_index, int)
+            or not 0 <= task_index < self.num_workers
+        ):
+            raise ValueError(
+                f"task_index: expected an int in [0, {self.num_workers}), "
+                f"got {task_index!r}"
+            )
+        worker = self._workers[task_index]
+        if worker.process.returncode is None:
+            _signal_group(worker.process, signal.SIGKILL)
+        _close_stdin(worker.process)
+        worker.process.wait()
+
+    def stop(self) -> None:
+        """Stops every worker and frees its port; safe to call repeatedly.
+
+        Sends SIGTERM to each worker's process group, waits up to 5 s, then
+        sends SIGKILL, and reaps the processes: afterwards no worker process
+        is left and every `returncode` is set.
+        """
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        atexit.unregister(self.stop)
+        _stop_processes([w.process for w in self._workers])
+        for w in self._workers:
+            w.close_logs()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "running"
+        return (
+            f"LocalCluster(job_name={self._job_name!r}, "
+            f"addresses={self.addresses!r}, {state})"
+        )
+
+    def _wait_until_ready(self, timeout_seconds: float) -> None:
+        """Waits for every readiness line and open port.
+
+        Raises:
+            _PortTakenError: a worker could not bind its port.
+            RuntimeError: a worker exited, or the timeout passed.
+        """
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            for w in self._workers:
+                _check_worker(w)
+            if all(w.accepting for w in self._workers):
+                return
+            if time.monotonic() > deadline:
+                break
+            time.sleep(_POLL_SECONDS)
+        problems = []
+        for w in self._workers:
+            if w.accepting:
+                continue
+            what = (
+                "printed no readiness line"
+                if w.devices is None
+                else "port does not accept connections"
+            )
+            problems.append(
+                f"task {w.task_index} ({w.address}) {what}; stderr tail:\n"
+                f"{w.stderr_tail()}"
+            )
+        raise RuntimeError(
+            f"local cluster not ready after {timeout_seconds} s:\n"
+            + "\n".join(problems)
+        )
+
+
+def start_local_cluster(
+    num_workers: int,
+    cpus_per_worker: int = 1,
+    host: str = "127.0.0.1",
+    timeout_seconds: float = 60.0,
+    job_name: str = "worker",
+) -> LocalCluster:
+    """Starts `num_workers` TensorFlow worker processes and waits for them.
+
+    Workers start in parallel (each spends a few seconds importing
+    TensorFlow). A worker counts as ready when it has printed its readiness
+    line and its port accepts TCP connections. Ports are picked free; when a
+    worker finds its port taken in the meantime, the whole cluster is
+    restarted on new ports (up to 3 attempts).
+
+    Args:
+        num_workers: how many workers, at least 1.
+        cpus_per_worker: logical CPU devices per worker, at least 1.
+        host: address written into the cluster spec, which clients dial (the
+            servers themselves listen on all interfaces; see the module
+            docstring).
+        timeout_seconds: how long one attempt may wait for all workers.
+        job_name: the job name in the cluster spec and device names.
+
+    Returns:
+        A running `LocalCluster`; stop it with `stop()` or a `with` block.
+
+    Raises:
+        ValueError: an argument has a bad type or value.
+        RuntimeError: a worker exited early, was not ready in time, or no
+            free ports could be bound; the message names the task and shows
+            the tail of its stderr. Every started worker is stopped first.
+
+    Example:
+
+    >>> from tf_crossdevice.cluster import start_local_cluster
+    >>> with start_local_cluster(2, cpus_per_worker=2) as cluster:
+    ...     print(len(cluster.cluster_spec.as_dict()["worker"]))
+    ...     for name in cluster.worker_devices("CPU"):
+    ...         print(name)
+    ...     cluster.kill_worker(1)
+    ...     print(cluster.processes[1].returncode)
+    2
+    /job:worker/replica:0/task:0/device:CPU:0
+    /job:worker/replica:0/task:0/device:CPU:1
+    /job:worker/replica:0/task:1/device:CPU:0
+    /job:worker/replica:0/task:1/device:CPU:1
+    -9
+    >>> [p.returncode is not None for p in cluster.processes]
+    [True, True]
+    """
+    _check_positive_int("num_workers", num_workers)
+    _check_positive_int("cpus_per_worker", cpus_per_worker)
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"host: expected a non-empty string, got {host!r}")
+    if (
+        isinstance(timeout_seconds, bool)
+        or not isinstance(timeout_seconds, (int, float))
+        or not timeout_seconds > 0
+    ):
+        raise ValueError(
+            "timeout_seconds: expected a positive number, got "
+            f"{timeout_seconds!r}"
+        )
+    if not isinstance(job_name, str) or not _JOB_NAME_RE.fullmatch(job_name):
+        raise ValueError(
+            "job_name: expected a letter followed by letters, digits or _, "
+            f"got {job_name!r}"
+        )
+    taken = []
+    for _ in range(_MAX_START_ATTEMPTS):
+        ports = _pick_free_ports(host, num_workers)
+        cluster = _launch(host, ports, cpus_per_worker, job_name)
+        try:
+            cluster._wait_until_ready(timeout_seconds)
+        except _PortTakenError as e:
+            cluster.stop()
+            taken.append(str(e))
+            continue
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+    raise RuntimeError(
+        f"could not start {num_workers} workers on {host} in "
+        f"{_MAX_START_ATTEMPTS} attempts, ports were taken each time:\n"
+        + "\n".join(taken)
+    )
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
+def _pick_free_ports(host: str, n: int) -> list[int]:
+    """Returns `n` distinct ports that are free on `host` right now."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, 0, type=socket.SOCK_STREAM
+    )[0]
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(s)  # Held open until all are picked: distinct.
+            s.bind(address)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _launch(
+    host: str, ports: list[int], cpus_per_worker: int, job_name: str
+) -> LocalCluster:
+    """Starts one worker process per port; does not wait for them."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # With SO_REUSEPORT two servers could share a port silently.
+    env.pop("TF_GRPC_REUSE_PORT", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p
+    )
+    addresses = [
+        f"[{host}]:{p}" if ":" in host else f"{host}:{p}" for p in ports
+    ]
+    spec = json.dumps({job_name: addresses})
+    workers: list[_Worker] = []
+    # Owns the list from the start, so that a failed Popen stops the workers
+    # already started.
+    cluster = LocalCluster(job_name, workers)
+    for task_index, port in enumerate(ports):
+        command = _worker_command(spec, job_name, task_index, cpus_per_worker)
+        # Closed by LocalCluster.stop(), not here: they outlive this call.
+        stdout = tempfile.TemporaryFile()  # noqa: SIM115
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        try:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                start_new_session=True,  # Own process group to kill.
+            )
+        except BaseException:
+            stdout.close()
+            stderr.close()
+            cluster.stop()
+            raise
+        workers.append(_Worker(task_index, host, port, process, stdout, stderr))
+    return cluster
+
+
+def _worker_command(
+    spec: str, job_name: str, task_index: int, cpus_per_worker: int
+) -> list[str]:
+    """The command line of one worker process."""
+    return [
+        sys.executable,
+        "-m",
+        _WORKER_MODULE,
+        f"--cluster_spec={spec}",
+        f"--job_name={job_name}",
+        f"--task_index={task_index}",
+        f"--cpus_per_worker={cpus_per_worker}",
+        "--exit_on_stdin_eof",
+        f"--parent_pid={os.getpid()}",
+    ]
+
+
+def _check_worker(w: _Worker) -> None:
+    """Updates `w`'s readiness; raises if it exited."""
+    if w.process.poll() is not None:
+        if w.process.returncode == _worker_main.EXIT_BIND_FAILED:
+            raise _PortTakenError(
+                f"task {w.task_index}: port {w.port} in use: {w.stderr_tail()}"
+            )
+        raise RuntimeError(
+            f"worker task {w.task_index} ({w.address}) exited with code "
+            f"{w.process.returncode} before it was ready; stderr tail:\n"
+            f"{w.stderr_tail()}"
+        )
+    if w.devices is None:
+        for line in w.stdout_text().splitlines():
+            if line.startswith(_worker_main.READY_PREFIX):
+                ready = json.loads(line[len(_worker_main.READY_PREFIX) :])
+                w.devices = ready["devices"]
+    if w.devices is not None and not w.accepting:
+        try:
+            with socket.create_connection((w.host, w.port), timeout=1.0):
+                w.accepting = True
+        except OSError:
+            pass
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    # Only while the leader is unreaped (running or zombie): then its pid
+    # still names our group and cannot have been reused.
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+
+
+def _close_stdin(process: subprocess.Popen[bytes]) -> None:
+    if process.stdin is not None and not process.stdin.closed:
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+
+
+def _has_exited(process: subprocess.Popen[bytes]) -> bool:
+    """True once the process exited, without reaping it."""
+    if process.returncode is not None:
+        return True
+    try:
+        info = os.waitid(
+            os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT
+        )
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM, grace period, SIGKILL, reap; for each process group."""
+    for p in processes:
+        _close_stdin(p)  # EOF alone makes a worker exit.
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_GRACE_SECONDS
+    while time.monotonic() < deadline and not all(map(_has_exited, processes)):
+        time.sleep(_POLL_SECONDS)
+    for p in processes:
+        _signal_group(p, signal.SIGKILL)  # Also any leftover group members.
+        p.wait()
+
+
+def _define_flags() -> None:
+    flags.DEFINE_integer("num_workers", 2, "How many workers.", lower_bound=1)
+    flags.DEFINE_integer(
+        "cpus_per_worker", 1, "Logical CPU devices per worker.", lower_bound=1
+    )
+    flags.DEFINE_string("host", "127.0.0.1", "Address in the cluster spec.")
+    flags.DEFINE_float(
+        "timeout_seconds", 60.0, "How long to wait for the workers to start."
+    )
+    flags.DEFINE_float(
+        "run_seconds",
+        None,
+        "Stop after this many seconds (default: run until SIGINT/SIGTERM).",
+        lower_bound=0,
+    )
+
+
+class _StopSignalError(Exception):
+    """SIGINT or SIGTERM arrived; unwinds the command line's main loop."""
+
+
+def _request_stop(signum: int, frame: types.FrameType | None) -> None:
+    # Later signals are ignored so that they cannot interrupt the teardown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise _StopSignalError(signal.Signals(signum).name)
+
+
+def _main(argv: list[str]) -> int:
+    del argv
+    FLAGS = flags.FLAGS  # noqa: N806
+    signal.signal(signal.SIGINT, _request_stop)
+    signal.signal(signal.SIGTERM, _request_stop)
+    try:
+        with start_local_cluster(
+            FLAGS.num_workers,
+            cpus_per_worker=FLAGS.cpus_per_worker,
+            host=FLAGS.host,
+            timeout_seconds=FLAGS.timeout_seconds,
+        ) as cluster:
+            print(json.dumps({"worker": cluster.addresses}), flush=True)
+            print(
+                f"Cluster running; stop it with Ctrl-C or "
+                f"`kill -TERM {os.getpid()}`.",
+                flush=True,
+            )
+            if FLAGS.run_seconds is None:
+                while True:
+                    time.sleep(3600)
+            time.sleep(FLAGS.run_seconds)
+    except _StopSignalError as e:
+        logging.info("%s received; workers stopped", e)
+    return 0
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(_main)

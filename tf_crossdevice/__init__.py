@@ -9,12 +9,14 @@ from tf_crossdevice._ops import HierarchicalCopyAllReduce
 from tf_crossdevice._ops import NcclAllReduce
 from tf_crossdevice._ops import ReductionToOneDevice
 from tf_crossdevice._selection import select_cross_device_ops
+from tf_crossdevice._spec_ops import SpecAllReduce
 
 __all__ = [
     "AllReduceCrossDeviceOps",
     "HierarchicalCopyAllReduce",
     "NcclAllReduce",
     "ReductionToOneDevice",
+    "SpecAllReduce",
     "select_cross_device_ops",
     "testing",
 ]

@@ -1,0 +1,110 @@
+"""SpecAllReduce: any all_reduce_spec algorithm as a CrossDeviceOps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_crossdevice import _base, _ops
+from tf_crossdevice._builders import by_spec
+from tf_crossdevice._schedules import spec as spec_lib
+
+
+class SpecAllReduce(_base.CrossDeviceOpsBase):
+    """All-reduce with the algorithms of TF 1's all_reduce_spec.
+
+    Works across the devices of one process (logical CPUs, GPUs) and across
+    worker processes in one graph (devices named `/job:worker/task:i/...`);
+    devices are grouped into workers by their job, replica and task.
+
+    Args:
+        all_reduce_spec: which algorithm reduces which tensor sizes. One of
+            - a name: nccl, nccl/xring, nccl/rechd, nccl/pscpu, xring, rechd,
+              pscpu, psgpu, pscpu/pscpu;
+            - a tuple `(alg, shards, limit)` of 1 to 3 elements;
+            - a list of such tuples whose limits increase and end with -1;
+            - the tf_cnn_benchmarks grammar: `alg#shards`, `alg/alg`, and
+              ranges `spec:size:spec` with sizes in bytes, suffix k, M or G
+              (e.g. "pscpu:32k:xring#2").
+            Limits are in bytes: a (packed) tensor goes to the first range
+            whose limit it does not exceed. Algorithms with a '/' reduce
+            inside each worker first, then across one device per worker.
+            Where NCCL cannot run (CPU devices) its stage logs one warning
+            and sums on one device instead.
+        num_packs: if > 0, concatenate each dtype's tensors and split them
+            into this many packs first (0: no packing).
+        agg_small_grads_max_bytes: with num_packs=0, concatenate tensors of
+            at most this many bytes into groups first (0: off).
+        agg_small_grads_max_group: the most tensors in one such group.
+
+    Raises:
+        ValueError: a bad spec (the message quotes it, points at the bad
+            part and lists the algorithms) or bad packing arguments.
+        TypeError: arguments of the wrong type.
+
+    >>> devices = tf_crossdevice.testing.cpu_devices(4)
+    >>> ops = tf_crossdevice.SpecAllReduce("pscpu:1k:xring#2")
+    >>> strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
+    >>> @tf.function
+    ... def step():
+    ...     ctx = tf.distribute.get_replica_context()
+    ...     replica = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
+    ...     small = tf.ones([8]) * replica
+    ...     large = tf.ones([1000])
+    ...     return ctx.all_reduce("sum", [small, large])
+    >>> small, large = strategy.run(step)
+    >>> small.values[0].numpy()[:2], large.values[3].numpy()[:2]
+    (array([6., 6.], dtype=float32), array([4., 4.], dtype=float32))
+    """
+
+    def __init__(
+        self,
+        all_reduce_spec: Any = "xring",
+        num_packs: int = 0,
+        agg_small_grads_max_bytes: int = 0,
+        agg_small_grads_max_group: int = 10,
+    ):
+        super().__init__()
+        self._spec = spec_lib.parse_all_reduce_spec(all_reduce_spec)
+        (
+            self._num_packs,
+            self._agg_small_grads_max_bytes,
+            self._agg_small_grads_max_group,
+        ) = _ops.check_packing(
+            num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group
+        )
+
+    @property
+    def all_reduce_spec(self) -> tuple[spec_lib.AllReduceSpecTuple, ...]:
+        """The parsed spec: one (alg, shards, limit) per size range."""
+        return self._spec
+
+    def _all_reduce_dense(self, batch):
+        return _ops.packed_all_reduce(
+            batch,
+            self._reduce_pack,
+            num_packs=self._num_packs,
+            agg_small_grads_max_bytes=self._agg_small_grads_max_bytes,
+            agg_small_grads_max_group=self._agg_small_grads_max_group,
+        )
+
+    def _reduce_pack(
+        self, tensors: Sequence[tf.Tensor], index: int
+    ) -> list[tf.Tensor]:
+        del index
+        chosen = spec_lib.select_range(self._spec, size_in_bytes(tensors[0]))
+        return by_spec.spec_all_reduce(tensors, chosen.alg, chosen.shards)
+
+
+def size_in_bytes(tensor: tf.Tensor) -> int:
+    """Static size in bytes; a tensor of unknown size counts as unbounded.
+
+    Unbounded sends it to the last range (limit -1), the one meant for the
+    largest tensors.
+    """
+    elements = tensor.shape.num_elements()
+    if elements is None:
+        return 2**62
+    return elements * tensor.dtype.size

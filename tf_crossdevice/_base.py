@@ -25,15 +25,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import tensorflow as tf
 
 from tf_crossdevice import _tf_internal
 from tf_crossdevice._builders import reduction_to_one_device as one_device
 
-ReduceOp = tf.distribute.ReduceOp
-Value = tf.Tensor | tf.IndexedSlices
+ReduceOp: TypeAlias = tf.distribute.ReduceOp
+# Nothing here branches on tensor values, and autograph converting this code
+# inside a user's tf.function made tracing several times slower.
+_no_autograph = tf.autograph.experimental.do_not_convert
+# A dense tensor or tf.IndexedSlices (TensorFlow has no type stubs).
+Value: TypeAlias = Any
 
 _VALUE_TYPES = "a DistributedValues, tf.Tensor, tf.IndexedSlices or tf.Variable"
 _DESTINATION_TYPES = (
@@ -61,7 +65,7 @@ class Item:
 
 def check_reduce_op(reduce_op: Any) -> ReduceOp:
     """Accepts `tf.distribute.ReduceOp` members or the strings 'SUM'/'MEAN'."""
-    if isinstance(reduce_op, ReduceOp):
+    if isinstance(reduce_op, tf.distribute.ReduceOp):
         return reduce_op
     if isinstance(reduce_op, str) and reduce_op.upper() in ("SUM", "MEAN"):
         return ReduceOp(reduce_op.upper())
@@ -314,6 +318,7 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
 
     # ---- The public methods MirroredStrategy and users call -------------
 
+    @_no_autograph
     def reduce(
         self,
         reduce_op: Any,
@@ -331,6 +336,7 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         item = make_item(per_replica_value, destinations, "per_replica_value")
         return self._reduce_items(reduce_op, [item])[0]
 
+    @_no_autograph
     def batch_reduce(
         self, reduce_op: Any, value_destination_pairs: Any, options: Any = None
     ) -> list[Any]:
@@ -344,10 +350,12 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
             reduce_op, self._items_from_pairs(value_destination_pairs)
         )
 
+    @_no_autograph
     def broadcast(self, tensor: Any, destinations: Any = None) -> Any:
         """Mirrors `tensor` onto `destinations` (None: the tensor's device)."""
         return self.broadcast_implementation(tensor, destinations)
 
+    @_no_autograph
     def gather(
         self,
         per_replica_value: Any,
@@ -364,16 +372,19 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
 
     # ---- TensorFlow's hooks ---------------------------------------------
 
+    @_no_autograph
     def reduce_implementation(
         self, reduce_op, per_replica_value, destinations, options
     ):
         return self.reduce(reduce_op, per_replica_value, destinations, options)
 
+    @_no_autograph
     def batch_reduce_implementation(
         self, reduce_op, value_destination_pairs, options
     ):
         return self.batch_reduce(reduce_op, value_destination_pairs, options)
 
+    @_no_autograph
     def broadcast_implementation(self, tensor, destinations):
         component = _as_component(tensor, "tensor")
         source = (
@@ -384,11 +395,13 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         devices = resolve_destinations(destinations, [source])
         return mirrored([copy_value(component, d) for d in devices])
 
+    @_no_autograph
     def _gather(self, per_replica_value, destinations, axis, options=None):
         check_options(options)
         item = make_item(per_replica_value, destinations, "per_replica_value")
         return self._gather_implementation(item, None, axis, options)
 
+    @_no_autograph
     def _gather_implementation(
         self, per_replica_value, destinations, axis, options
     ):

@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 import tf_crossdevice  # noqa: E402
 
@@ -66,6 +66,8 @@ def check_one_reduction(strategy, ops, devices) -> float:
 
 def main(argv):
     del argv
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # TF logs configs at INFO.
     tf_crossdevice.testing.request_cpu_devices(_NUM_DEVICES.value)
     devices = tf_crossdevice.testing.cpu_devices(_NUM_DEVICES.value)
     ops = make_cross_device_ops(devices)

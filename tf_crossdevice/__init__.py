@@ -7,6 +7,7 @@ from tf_crossdevice import testing
 from tf_crossdevice._ops import AllReduceCrossDeviceOps
 from tf_crossdevice._ops import HierarchicalCopyAllReduce
 from tf_crossdevice._ops import NcclAllReduce
+from tf_crossdevice._multi_worker_ops import MultiWorkerAllReduce
 from tf_crossdevice._ops import ReductionToOneDevice
 from tf_crossdevice._selection import select_cross_device_ops
 from tf_crossdevice._spec_ops import SpecAllReduce
@@ -14,6 +15,7 @@ from tf_crossdevice._spec_ops import SpecAllReduce
 __all__ = [
     "AllReduceCrossDeviceOps",
     "HierarchicalCopyAllReduce",
+    "MultiWorkerAllReduce",
     "NcclAllReduce",
     "ReductionToOneDevice",
     "SpecAllReduce",

@@ -1,0 +1,211 @@
+"""Client side of the multi-worker tests, run as its own process.
+
+Reads one JSON job on stdin, connects to the cluster it names, runs each case
+(a CrossDeviceOps config reducing `make_inputs` across the workers' devices)
+and prints one JSON result per line. The test process computes what numpy
+says the results must be; this process only reports what TensorFlow did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import tf_crossdevice  # noqa: E402
+from tf_crossdevice import multi_worker  # noqa: E402
+
+# (shape, dtype) of each value in the batch: scalars to a few KB, two dtypes.
+BATCH = (
+    ((), "float32"),
+    ((7,), "float32"),
+    ((3, 5), "float32"),
+    ((300,), "float32"),
+    ((1000,), "float32"),
+    ((4, 2), "int64"),
+)
+
+
+def make_inputs(seed: int, num_replicas: int) -> list[list[np.ndarray]]:
+    """inputs[k][r]: value k on replica r (small integers: exact sums)."""
+    rng = np.random.default_rng(seed)
+    return [
+        [
+            rng.integers(-8, 9, size=shape).astype(dtype)
+            for _ in range(num_replicas)
+        ]
+        for shape, dtype in BATCH
+    ]
+
+
+def spec_from_json(spec):
+    """JSON has no tuples: a list of lists is a list of ranges."""
+    if isinstance(spec, list):
+        if spec and isinstance(spec[0], list):
+            return [tuple(r) for r in spec]
+        return tuple(spec)
+    return spec
+
+
+def make_ops(case, replicas):
+    agg_bytes, agg_group = case.get("agg", (0, 10))
+    return tf_crossdevice.MultiWorkerAllReduce(
+        replicas.worker_devices,
+        0,
+        spec_from_json(case["spec"]),
+        num_packs=case.get("num_packs", 0),
+        agg_small_grads_max_bytes=agg_bytes,
+        agg_small_grads_max_group=agg_group,
+    )
+
+
+def make_step(ops, inputs, replicas, placed, reduce_op):
+    @tf.function(autograph=False)
+    def step():
+        values = [
+            replicas.per_replica(lambda r, a=arrays: tf.constant(a[r]))
+            for arrays in inputs
+        ]
+        reduced = ops.batch_reduce(reduce_op, [(v, None) for v in values])
+        placed[:] = [[c.device for c in r.values] for r in reduced]
+        return [list(r.values) for r in reduced]
+
+    return step
+
+
+def run_cases(job):
+    first = True
+    replicas_by_count = {}
+    for case in job["cases"]:
+        count = case["replicas_per_worker"]
+        if count not in replicas_by_count:
+            replicas_by_count[count] = multi_worker.WorkerReplicas(
+                job["cluster"], replicas_per_worker=count, connect=first
+            )
+            first = False
+        replicas = replicas_by_count[count]
+        ops = make_ops(case, replicas)
+        inputs = make_inputs(case["seed"], replicas.num_replicas)
+        placed: list = []
+        step = make_step(ops, inputs, replicas, placed, case["reduce_op"])
+        out = replicas.run(step, timeout_seconds=120)
+        print(
+            json.dumps(
+                {
+                    "name": case["name"],
+                    "devices": placed,
+                    "results": [[c.numpy().tolist() for c in r] for r in out],
+                    "dtypes": [[c.dtype.name for c in r] for r in out],
+                }
+            ),
+            flush=True,
+        )
+
+
+def run_until_failure(job):
+    """Repeats a large reduction until a worker dies or is stopped."""
+    replicas = multi_worker.WorkerReplicas(job["cluster"])
+    ops = tf_crossdevice.MultiWorkerAllReduce(
+        replicas.worker_devices, 0, spec_from_json(job.get("spec", "xring"))
+    )
+
+    @tf.function(autograph=False)
+    def step():
+        value = replicas.per_replica(
+            lambda r: tf.random.uniform([job["elements"]])
+        )
+        return [tf.reduce_sum(c) for c in ops.reduce("sum", value).values]
+
+    replicas.run(step)  # Traced and warm.
+    print(json.dumps({"ready": True}), flush=True)
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < job["seconds"]:
+            replicas.run(step, timeout_seconds=job.get("timeout_seconds"))
+        result = {"error": None}
+    except Exception as e:  # Reported to the test, which checks the type.
+        result = {
+            "error": type(e).__name__,
+            "message": str(e),
+            "workers": list(getattr(e, "workers", ())),
+        }
+    result["elapsed"] = time.monotonic() - start
+    print(json.dumps(result), flush=True)
+    os._exit(0)  # A stuck step's thread must not keep the process alive.
+
+
+def run_legacy_graph(job):
+    """TF 1 style: in-graph MirroredStrategy over the workers' devices."""
+    spec = job["cluster"]
+    num_workers = len(spec["worker"])
+    devices = [
+        f"/job:worker/replica:0/task:{t}/device:CPU:{i}"
+        for t in range(num_workers)
+        for i in range(job["replicas_per_worker"])
+    ]
+    ops = tf_crossdevice.MultiWorkerAllReduce(
+        [f"/job:worker/task:{t}" for t in range(num_workers)],
+        0,
+        spec_from_json(job["spec"]),
+    )
+    calls = []
+    original = ops.batch_reduce
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    ops.batch_reduce = counting
+    with tf.Graph().as_default():
+        strategy = tf.compat.v1.distribute.MirroredStrategy(
+            devices, cross_device_ops=ops
+        )
+
+        def replica_fn():
+            ctx = tf.distribute.get_replica_context()
+            x = tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32)
+            return ctx.all_reduce(job["reduce_op"], x * tf.ones([4]))
+
+        result = strategy.run(replica_fn)
+        fetches = list(strategy.experimental_local_results(result))
+        placed = [f.device for f in fetches]
+        target = "grpc://" + spec["worker"][0]
+        with tf.compat.v1.Session(target) as session:
+            values = session.run(fetches)
+        try:  # TF 1's distribute-coordinator route.
+            tf.compat.v1.distribute.MirroredStrategy(
+                devices, cross_device_ops=ops
+            ).extended._configure(cluster_spec=spec)
+            configure_error = None
+        except ValueError as e:
+            configure_error = str(e)
+    print(
+        json.dumps(
+            {
+                "calls": len(calls),
+                "devices": placed,
+                "values": [v.tolist() for v in values],
+                "configure_error": configure_error,
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    tf.get_logger().setLevel("ERROR")  # Each case traces its own function.
+    job = json.loads(sys.stdin.read())
+    {
+        "cases": run_cases,
+        "until_failure": run_until_failure,
+        "legacy_graph": run_legacy_graph,
+    }[job["mode"]](job)

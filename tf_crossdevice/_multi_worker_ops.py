@@ -1,0 +1,136 @@
+"""MultiWorkerAllReduce: TF 1's constructor on top of SpecAllReduce."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_crossdevice import _spec_ops
+from tf_crossdevice._schedules import workers
+
+
+def worker_name(device: str, argument: str) -> str:
+    """'/job:J/replica:R/task:T' for a worker or device string."""
+    if not isinstance(device, str) or not device:
+        raise TypeError(
+            f"{argument}: expected a worker device string such as "
+            f"'/job:worker/task:0', got {device!r}"
+        )
+    job, replica, task = workers.worker_of(device)
+    return f"/job:{job}/replica:{replica}/task:{task}"
+
+
+class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
+    """All-reduce across worker processes with an all_reduce_spec.
+
+    TF 1's `MultiWorkerAllReduce`, same arguments in the same order. The
+    replicas are `num_gpus_per_worker` GPUs of each worker, or with 0 the
+    workers' CPUs (with logical CPU devices a worker holds several replicas).
+    The ops are placed on the workers' devices and TensorFlow's distributed
+    runtime moves the tensors; run them from a client connected to the
+    cluster (see `tf_crossdevice.multi_worker.WorkerReplicas`). MEAN divides
+    by the number of replicas across all workers.
+
+    Args:
+        worker_devices: one device string per worker, e.g.
+            `["/job:worker/task:0", "/job:worker/task:1"]`.
+        num_gpus_per_worker: GPUs each worker contributes; 0 uses CPUs.
+        all_reduce_spec: see `SpecAllReduce`. The default reduces inside each
+            worker on its CPU, then across workers in 2 shards.
+        num_packs: see `SpecAllReduce` (0: no concat-and-split packing).
+        agg_small_grads_max_bytes: see `SpecAllReduce`.
+        agg_small_grads_max_group: see `SpecAllReduce`.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: no workers, a worker listed twice, a negative
+            `num_gpus_per_worker`, or a bad spec or packing argument. At
+            reduce time: a value on a device of an unlisted worker, or of the
+            wrong type (GPU with num_gpus_per_worker=0 or the reverse).
+
+    The same object also reduces values of one local "worker":
+
+    >>> ops = tf_crossdevice.MultiWorkerAllReduce(
+    ...     ["/job:localhost/replica:0/task:0"], 0, ("pscpu/pscpu", 2, -1))
+    >>> value = tf_crossdevice.testing.per_replica(
+    ...     [tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])])
+    >>> [v.numpy().tolist() for v in ops.reduce("mean", value).values]
+    [[2.0, 3.0], [2.0, 3.0]]
+    """
+
+    def __init__(
+        self,
+        worker_devices: Sequence[str],
+        num_gpus_per_worker: int,
+        all_reduce_spec: Any = ("pscpu/pscpu", 2, -1),
+        num_packs: int = 0,
+        agg_small_grads_max_bytes: int = 0,
+        agg_small_grads_max_group: int = 10,
+    ):
+        super().__init__(
+            all_reduce_spec,
+            num_packs=num_packs,
+            agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+            agg_small_grads_max_group=agg_small_grads_max_group,
+        )
+        if isinstance(worker_devices, str) or not isinstance(
+            worker_devices, (list, tuple)
+        ):
+            raise TypeError(
+                "worker_devices: expected a list of worker device strings "
+                f"such as ['/job:worker/task:0'], got {worker_devices!r}"
+            )
+        if not worker_devices:
+            raise ValueError("worker_devices: expected at least one worker")
+        names = [
+            worker_name(d, f"worker_devices[{i}]")
+            for i, d in enumerate(worker_devices)
+        ]
+        if len(set(names)) != len(names):
+            raise ValueError(
+                f"worker_devices: a worker is listed twice in {worker_devices}"
+            )
+        if isinstance(num_gpus_per_worker, bool) or not isinstance(
+            num_gpus_per_worker, int
+        ):
+            raise TypeError(
+                "num_gpus_per_worker: expected an int >= 0, got "
+                f"{num_gpus_per_worker!r}"
+            )
+        if num_gpus_per_worker < 0:
+            raise ValueError(
+                f"num_gpus_per_worker: expected >= 0, got {num_gpus_per_worker}"
+            )
+        self._worker_names = tuple(names)
+        self._num_gpus_per_worker = num_gpus_per_worker
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """The workers, as '/job:J/replica:R/task:T'."""
+        return self._worker_names
+
+    def _all_reduce_dense(self, batch):
+        self._check_devices([t.device for t in batch[0]])
+        return super()._all_reduce_dense(batch)
+
+    def _check_devices(self, devices: Sequence[str]) -> None:
+        want_type = "GPU" if self._num_gpus_per_worker else "CPU"
+        for device in devices:
+            if not device:
+                continue  # Placed by TensorFlow (captured by a tf.function).
+            if worker_name(device, "per_replica_value") not in (
+                self._worker_names
+            ):
+                raise ValueError(
+                    f"per_replica_value: device {device!r} is not on a worker "
+                    f"in worker_devices {list(self._worker_names)}"
+                )
+            kind = (tf.DeviceSpec.from_string(device).device_type or "").upper()
+            if kind != want_type:
+                raise ValueError(
+                    f"per_replica_value: device {device!r} is a {kind or '?'} "
+                    f"but num_gpus_per_worker={self._num_gpus_per_worker} "
+                    f"means the replicas are {want_type}s"
+                )

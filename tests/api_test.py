@@ -7,7 +7,13 @@ import tensorflow as tf
 
 import tf_crossdevice
 
-PUBLIC_SUBMODULES = {"testing", "compat", "cluster", "benchmark"}
+PUBLIC_SUBMODULES = {
+    "testing",
+    "compat",
+    "cluster",
+    "multi_worker",
+    "benchmark",
+}
 
 
 def test_all_names_exist_and_are_public():

@@ -197,6 +197,8 @@ def expected_dtype(dtype, reduce_op):
 def check(result, expected, devices, dtype, reduce_op, what=""):
     assert len(result) == len(devices), (what, result, devices)
     for (device, array, out_dtype), want in zip(result, devices, strict=True):
+        # canonicalize('') is CPU:0, so an unplaced result must fail here.
+        assert device, (what, "unplaced result")
         assert canonical(device) == canonical(want), (what, device, want)
         assert out_dtype == expected_dtype(dtype, reduce_op), (what, out_dtype)
         rtol = RTOL[expected_dtype(dtype, reduce_op)]
@@ -415,3 +417,139 @@ class CrossDeviceOpsContract:
         for result in fn():
             for component in result:
                 np.testing.assert_array_equal(component.numpy(), [6.0] * 4)
+
+    @pytest.mark.parametrize("mode", MODES)
+    def test_variables_as_values_keep_their_devices(self, mode):
+        ops = self.make_ops()
+        devices = device_names(3)
+
+        def make_variables():
+            variables = []
+            for i, d in enumerate(devices):
+                with tf.device(d):
+                    variables.append(tf.Variable([float(i + 1)] * 2))
+            return _tf_internal.PerReplica(tuple(variables))
+
+        if mode == "graph":
+            with tf.Graph().as_default() as graph:
+                value = make_variables()
+                reduced = ops.reduce(SUM, value, None)
+                placed = [c.device for c in reduced.values]
+                with tf.compat.v1.Session(graph=graph) as session:
+                    session.run(tf.compat.v1.global_variables_initializer())
+                    out = session.run(list(reduced.values))
+            result = [
+                (d, np.asarray(o), tf.float32)
+                for d, o in zip(placed, out, strict=True)
+            ]
+        else:
+            value = make_variables()  # Created eagerly, read in the function.
+            result = run(mode, lambda: [ops.reduce(SUM, value, None)])[0]
+        check(result, [6.0, 6.0], devices, tf.float32, SUM, "variables")
+
+    @pytest.mark.parametrize("mode", MODES)
+    def test_sparse_indices_int32_and_mixed(self, mode):
+        ops = self.make_ops()
+        devices = device_names(3)
+        index_dtypes = [tf.int32, tf.int64, tf.int32]
+
+        def build():
+            out = []
+            for dtypes in ([tf.int32] * 3, index_dtypes):
+                components = []
+                for r, (d, index_dtype) in enumerate(
+                    zip(devices, dtypes, strict=True)
+                ):
+                    with tf.device(d):
+                        components.append(
+                            tf.IndexedSlices(
+                                tf.fill([2, 3], float(r + 1)),
+                                tf.constant([r, 4], index_dtype),
+                                tf.constant(DENSE_SHAPE, index_dtype),
+                            )
+                        )
+                value = _tf_internal.PerReplica(tuple(components))
+                out.append(ops.reduce(SUM, value, None))
+                out.append(ops._gather(value, None, 0))
+            return out
+
+        results = run(mode, build)
+        summed = np.zeros(DENSE_SHAPE)
+        gathered = np.zeros((3 * DENSE_SHAPE[0], DENSE_SHAPE[1]))
+        for r in range(3):
+            summed[[r, 4]] += r + 1
+            gathered[[r * DENSE_SHAPE[0] + r, r * DENSE_SHAPE[0] + 4]] += r + 1
+        for result, want in zip(results, [summed, gathered] * 2, strict=True):
+            check(result, want, devices, tf.float32, SUM, "indices")
+
+    @pytest.mark.parametrize("mode", MODES)
+    def test_gather_of_replicas_that_differ_along_the_axis(self, mode):
+        """An uneven last batch: replicas differ along the gather axis."""
+        ops = self.make_ops()
+        devices = device_names(3)
+        dense = [np.full((r + 1, 2), r, np.float32) for r in range(3)]
+        rows = [3, 2, 4]  # Dense first dimensions of the sparse replicas.
+
+        def build():
+            values = []
+            sparse = []
+            for r, d in enumerate(devices):
+                with tf.device(d):
+                    values.append(tf.constant(dense[r]))
+                    sparse.append(
+                        tf.IndexedSlices(
+                            tf.fill([1, 2], float(r + 1)),
+                            tf.constant([rows[r] - 1], tf.int64),
+                            tf.constant([rows[r], 2], tf.int64),
+                        )
+                    )
+            return [
+                ops._gather(_tf_internal.PerReplica(tuple(values)), None, 0),
+                ops._gather(_tf_internal.PerReplica(tuple(sparse)), None, 0),
+            ]
+
+        dense_result, sparse_result = run(mode, build)
+        check(dense_result, np.concatenate(dense), devices, tf.float32, SUM)
+        want = np.zeros((sum(rows), 2))
+        for r in range(3):
+            want[sum(rows[:r]) + rows[r] - 1] = r + 1
+        check(sparse_result, want, devices, tf.float32, SUM, "sparse")
+
+    def test_unknown_static_shapes_are_reduced(self):
+        ops = self.make_ops()
+        devices = device_names(3)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def fn(x):
+            components = []
+            for i, d in enumerate(devices):
+                with tf.device(d):
+                    components.append(x * (i + 1))
+            value = _tf_internal.PerReplica(tuple(components))
+            fixed = testing.per_replica([tf.ones([3])] * 3, devices)
+            summed = ops.batch_reduce(SUM, [(value, None), (fixed, None)])
+            return [list(r.values) for r in summed]
+
+        unknown, known = fn(tf.constant([1.0, 2.0]))
+        for t in unknown:
+            np.testing.assert_allclose(t.numpy(), [6.0, 12.0])
+        for t in known:
+            np.testing.assert_allclose(t.numpy(), [3.0] * 3)
+
+    @pytest.mark.parametrize("op_name", sorted(REDUCE_OPS))
+    def test_mirrored_strategy_all_reduce_of_one_shared_tensor(self, op_name):
+        """Every replica passes the same tensor: TF hands it over alone."""
+        ops = self.make_ops()
+        devices = device_names(3)
+        strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
+        with tf.device(devices[0]):
+            shared = tf.constant([1.0, 2.0])
+
+        @tf.function
+        def step():
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_reduce(REDUCE_OPS[op_name], shared)
+
+        # TensorFlow's own ops return the tensor itself for SUM and MEAN.
+        for v in strategy.experimental_local_results(strategy.run(step)):
+            np.testing.assert_allclose(v.numpy(), [1.0, 2.0])

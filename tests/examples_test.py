@@ -45,10 +45,9 @@ def test_multi_worker_train_learns_and_stops_its_workers():
     assert out.rstrip().endswith("workers stopped")
 
 
-@pytest.mark.parametrize(
-    "algorithm",
-    ["auto", "reduction_to_one_device", "nccl", "hierarchical_copy"],
-)
+# Every class is trained under MirroredStrategy in keras_fit_test; here the
+# selection path and NCCL's CPU fallback run as a user would run them.
+@pytest.mark.parametrize("algorithm", ["auto", "nccl"])
 def test_mirrored_demo_learns(algorithm):
     out = run_example(
         "mirrored_demo.py", f"--algorithm={algorithm}", "--steps=60"

@@ -299,6 +299,21 @@ def test_values_off_the_listed_workers_are_refused():
         ops.reduce("sum", value)
 
 
+def test_sparse_values_and_destinations_are_checked_too():
+    ops = tf_crossdevice.MultiWorkerAllReduce(
+        ["/job:localhost/replica:0/task:0"], 0
+    )
+    value = tf_crossdevice.testing.per_replica(
+        [tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), [3, 2])] * 2
+    )
+    remote = tf_crossdevice.MultiWorkerAllReduce(["/job:worker/task:0"], 0)
+    with pytest.raises(ValueError, match="not on a worker in worker_devices"):
+        remote.reduce("sum", value)
+    dense = tf_crossdevice.testing.per_replica([tf.ones([2])] * 2)
+    with pytest.raises(ValueError, match="task:3.* is not on a worker"):
+        ops.reduce("sum", dense, "/job:worker/replica:0/task:3/device:CPU:0")
+
+
 def test_gpu_workers_refuse_cpu_values():
     ops = tf_crossdevice.MultiWorkerAllReduce(
         ["/job:localhost/replica:0/task:0"], 2

@@ -20,11 +20,6 @@ class TestNcclAllReduce(contract.CrossDeviceOpsContract):
         return tf_crossdevice.NcclAllReduce()
 
 
-class TestNcclAllReduceUnpacked(contract.CrossDeviceOpsContract):
-    def make_ops(self):
-        return tf_crossdevice.NcclAllReduce(num_packs=0)
-
-
 def test_cpu_devices_are_not_nccl_devices():
     devices = tf_crossdevice.testing.cpu_devices(2)
     reason = nccl.nccl_unavailable_reason(devices)
@@ -43,6 +38,16 @@ def test_gpu_strings_on_a_cpu_build_say_why():
 def test_duplicate_gpus_are_refused():
     reason = nccl.nccl_unavailable_reason(["/gpu:0", "/device:GPU:0"])
     assert reason is not None
+
+
+def test_gpus_of_two_workers_are_refused():
+    reason = nccl.nccl_unavailable_reason(
+        ["/job:worker/task:0/device:GPU:0", "/job:worker/task:1/device:GPU:0"]
+    )
+    if tf.sysconfig.get_build_info().get("is_cuda_build"):
+        assert "inside one worker" in reason
+    else:
+        assert reason is not None
 
 
 def test_fallback_logs_once_and_is_correct(monkeypatch):

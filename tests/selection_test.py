@@ -49,6 +49,16 @@ def test_four_gpus_get_nccl():
     assert ops._num_packs == 1
 
 
+def test_gpus_of_several_workers_never_get_nccl():
+    devices = [
+        f"/job:worker/task:{t}/device:GPU:{i}" for t in (0, 1) for i in (0, 1)
+    ]
+    full = [[True] * 4 for _ in range(4)]
+    ops = tf_crossdevice.select_cross_device_ops(devices, link_matrix=full)
+    assert type(ops) is tf_crossdevice.HierarchicalCopyAllReduce
+    assert ops._num_packs == 1
+
+
 @pytest.mark.parametrize(
     "devices, link_matrix, error, message",
     [

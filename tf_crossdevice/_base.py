@@ -53,14 +53,11 @@ class Item:
     components: tuple[Value, ...]
     devices: tuple[str, ...]
     destinations: tuple[str, ...]
+    distributed: bool  # False for a plain tensor: one replica's value.
 
     @property
     def sparse(self) -> bool:
         return isinstance(self.components[0], tf.IndexedSlices)
-
-    @property
-    def dtype(self) -> tf.DType:
-        return self.components[0].dtype
 
 
 def check_reduce_op(reduce_op: Any) -> ReduceOp:
@@ -87,10 +84,15 @@ def check_options(options: Any) -> None:
 
 def canonical_device(device: Any, argument: str) -> str:
     """Canonical device name; ValueError naming `argument` if unparsable."""
-    if not isinstance(device, str) or not device:
+    if not isinstance(device, str):
         raise TypeError(
             f"{argument}: expected a device string such as "
             f"'/device:CPU:0', got {device!r}"
+        )
+    if not device:
+        raise ValueError(
+            f"{argument}: the device string is empty; expected one such as "
+            "'/device:CPU:0'"
         )
     try:
         return _tf_internal.canonicalize_device(device)
@@ -138,7 +140,8 @@ def _as_component(value: Any, argument: str) -> Value:
     if isinstance(value, tf.IndexedSlices):
         return value
     if isinstance(value, tf.Variable):
-        return value.read_value()
+        with tf.device(value.device):  # Else the read is unplaced in graphs.
+            return value.read_value()
     if isinstance(value, tf.Tensor):
         return value
     raise TypeError(
@@ -147,8 +150,15 @@ def _as_component(value: Any, argument: str) -> Value:
     )
 
 
-def value_components(value: Any, argument: str) -> tuple[Value, ...]:
+def value_components(
+    value: Any, argument: str, concat_axis: int | None = None
+) -> tuple[Value, ...]:
     """The per-replica components of `value`, validated.
+
+    Args:
+        value: what to reduce or gather.
+        argument: the argument's name, for error messages.
+        concat_axis: for gather, the axis along which replicas may differ.
 
     Raises:
         ValueError: no components, or components whose shapes or dtypes differ.
@@ -168,7 +178,8 @@ def value_components(value: Any, argument: str) -> tuple[Value, ...]:
         isinstance(c, tf.IndexedSlices) for c in components
     ):
         # A mix of dense and sparse gradients: reduce them densely.
-        components = tuple(tf.convert_to_tensor(c) for c in components)
+        components = tuple(_densify(c) for c in components)
+    components = _same_indices_dtype(components)
     first = components[0]
     dtype = first.dtype
     if not (dtype.is_floating or dtype.is_integer or dtype.is_complex):
@@ -176,14 +187,14 @@ def value_components(value: Any, argument: str) -> tuple[Value, ...]:
             f"{argument}: dtype {dtype.name} cannot be summed; expected a "
             "floating, integer or complex dtype"
         )
-    shape = _slice_shape(first)
+    shape = _slice_shape(first, concat_axis)
     for i, c in enumerate(components[1:], start=1):
         if c.dtype != dtype:
             raise ValueError(
                 f"{argument}: replica {i} has dtype {c.dtype.name} but "
                 f"replica 0 has {dtype.name}; all replicas must match"
             )
-        if not _slice_shape(c).is_compatible_with(shape):
+        if not _slice_shape(c, concat_axis).is_compatible_with(shape):
             raise ValueError(
                 f"{argument}: replica {i} has shape {_shape_of(c)} but "
                 f"replica 0 has {_shape_of(first)}; all replicas must match"
@@ -191,11 +202,41 @@ def value_components(value: Any, argument: str) -> tuple[Value, ...]:
     return components
 
 
-def _slice_shape(value: Value) -> tf.TensorShape:
-    # IndexedSlices of different replicas may hold different numbers of rows.
+def _slice_shape(value: Value, concat_axis: int | None) -> tf.TensorShape:
+    # IndexedSlices of different replicas may hold different numbers of rows,
+    # and gather concatenates replicas that differ along its axis.
     if isinstance(value, tf.IndexedSlices):
         return value.values.shape[1:]
-    return value.shape
+    shape = value.shape
+    if concat_axis is None or shape.rank is None:
+        return shape
+    if not -shape.rank <= concat_axis < shape.rank:
+        return shape  # _gather_on reports the bad axis.
+    dims = shape.as_list()
+    dims[concat_axis] = None
+    return tf.TensorShape(dims)
+
+
+def _densify(value: Value) -> tf.Tensor:
+    with tf.device(value.device):
+        return tf.convert_to_tensor(value)
+
+
+def _same_indices_dtype(components: tuple[Value, ...]) -> tuple[Value, ...]:
+    """IndexedSlices of mixed int32/int64 indices, all made int64."""
+    if not isinstance(components[0], tf.IndexedSlices):
+        return components
+    if len({c.indices.dtype for c in components}) == 1:
+        return components
+    widened = []
+    for c in components:
+        with tf.device(c.device):
+            widened.append(
+                tf.IndexedSlices(
+                    c.values, tf.cast(c.indices, tf.int64), c.dense_shape
+                )
+            )
+    return tuple(widened)
 
 
 def _shape_of(value: Value) -> str:
@@ -240,8 +281,13 @@ def resolve_destinations(
     return canonical
 
 
-def make_item(value: Any, destinations: Any, argument: str) -> Item:
-    components = value_components(value, argument)
+def make_item(
+    value: Any,
+    destinations: Any,
+    argument: str,
+    concat_axis: int | None = None,
+) -> Item:
+    components = value_components(value, argument, concat_axis)
     # A tensor captured by a tf.function, or built without a device scope in
     # a graph, has device '': TensorFlow places it, and so its sum.
     devices = tuple(
@@ -249,7 +295,8 @@ def make_item(value: Any, destinations: Any, argument: str) -> Item:
         for c in components
     )
     dest = resolve_destinations(destinations, devices)
-    return Item(components, devices, dest)
+    distributed = isinstance(value, _tf_internal.DistributedValues)
+    return Item(components, devices, dest, distributed)
 
 
 def divide(value: Value, count: int) -> Value:
@@ -398,19 +445,19 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
     @_no_autograph
     def _gather(self, per_replica_value, destinations, axis, options=None):
         check_options(options)
-        item = make_item(per_replica_value, destinations, "per_replica_value")
-        return self._gather_implementation(item, None, axis, options)
+        return self._gather_implementation(
+            per_replica_value, destinations, axis, options
+        )
 
     @_no_autograph
     def _gather_implementation(
         self, per_replica_value, destinations, axis, options
     ):
-        if isinstance(per_replica_value, Item):
-            item = per_replica_value
-        else:
-            item = make_item(
-                per_replica_value, destinations, "per_replica_value"
-            )
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise TypeError(f"axis: expected an int, got {axis!r}")
+        item = make_item(
+            per_replica_value, destinations, "per_replica_value", axis
+        )
         gathered = _gather_on(item, axis, item.destinations[0])
         return mirrored([copy_value(gathered, d) for d in item.destinations])
 
@@ -436,6 +483,29 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         return items
 
     def _reduce_items(self, reduce_op: ReduceOp, items: list[Item]) -> list:
+        """Results in order; a plain tensor already in place is returned.
+
+        That is TensorFlow's shortcut too, and MirroredStrategy relies on it:
+        when every replica all-reduces the same tensor, it hands over that
+        one tensor and expects it back, not a one-replica Mirrored value.
+        """
+        results: list[Any] = [None] * len(items)
+        rest = []
+        for i, item in enumerate(items):
+            if (
+                not item.distributed
+                and item.destinations == item.devices
+                and self._num_between_graph_workers == 1
+            ):
+                results[i] = copy_value(item.components[0], item.devices[0])
+            else:
+                rest.append(i)
+        reduced = self._reduce_batch(reduce_op, [items[i] for i in rest])
+        for i, result in zip(rest, reduced, strict=True):
+            results[i] = result
+        return results
+
+    def _reduce_batch(self, reduce_op: ReduceOp, items: list[Item]) -> list:
         results: list[Any] = [None] * len(items)
         all_reduce: dict[tuple[str, ...], list[int]] = {}
         for i, item in enumerate(items):
@@ -478,14 +548,42 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         return len(item.components) * self._num_between_graph_workers
 
 
+def _gather_sparse(
+    components: Sequence[tf.IndexedSlices], device: str
+) -> tf.IndexedSlices:
+    """Concatenation along axis 0: replica r's rows follow replica r-1's."""
+    with tf.device(device):
+        index_dtype = components[0].indices.dtype
+        rows = [tf.cast(c.dense_shape[0], index_dtype) for c in components]
+        offsets = [tf.constant(0, index_dtype)]
+        for r in rows[:-1]:
+            offsets.append(offsets[-1] + r)
+        dense_shape = tf.concat(
+            [
+                tf.reshape(tf.cast(tf.add_n(rows), tf.int64), [1]),
+                tf.cast(components[0].dense_shape[1:], tf.int64),
+            ],
+            axis=0,
+        )
+        return tf.IndexedSlices(
+            tf.concat([c.values for c in components], axis=0),
+            tf.concat(
+                [
+                    c.indices + o
+                    for c, o in zip(components, offsets, strict=True)
+                ],
+                axis=0,
+            ),
+            dense_shape,
+        )
+
+
 def _divide_in_place(tensor: tf.Tensor, count: int) -> Value:
     with tf.device(tensor.device):
         return divide(tensor, count)
 
 
 def _gather_on(item: Item, axis: int, device: str) -> Value:
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise TypeError(f"axis: expected an int, got {axis!r}")
     first = item.components[0]
     if item.sparse:
         if axis != 0:
@@ -493,26 +591,12 @@ def _gather_on(item: Item, axis: int, device: str) -> Value:
                 f"axis: IndexedSlices can only be gathered along axis 0, "
                 f"got {axis}"
             )
-        with tf.device(device):
-            rows = tf.cast(first.dense_shape[0], first.indices.dtype)
-            dense_shape = tf.concat(
-                [
-                    [first.dense_shape[0] * len(item.components)],
-                    first.dense_shape[1:],
-                ],
-                axis=0,
+        if any(c.dense_shape is None for c in item.components):
+            raise ValueError(
+                "per_replica_value: IndexedSlices without dense_shape cannot "
+                "be gathered (the row offsets of each replica are unknown)"
             )
-            return tf.IndexedSlices(
-                tf.concat([c.values for c in item.components], axis=0),
-                tf.concat(
-                    [
-                        c.indices + r * rows
-                        for r, c in enumerate(item.components)
-                    ],
-                    axis=0,
-                ),
-                dense_shape,
-            )
+        return _gather_sparse(item.components, device)
     rank = first.shape.rank
     if rank is not None and not -rank <= axis < max(rank, 1):
         raise ValueError(

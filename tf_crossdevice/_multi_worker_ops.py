@@ -111,9 +111,10 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         """The workers, as '/job:J/replica:R/task:T'."""
         return self._worker_names
 
-    def _all_reduce_dense(self, batch):
-        self._check_devices([t.device for t in batch[0]])
-        return super()._all_reduce_dense(batch)
+    def _reduce_batch(self, reduce_op, items):
+        for item in items:
+            self._check_devices(item.devices + item.destinations)
+        return super()._reduce_batch(reduce_op, items)
 
     def _check_devices(self, devices: Sequence[str]) -> None:
         want_type = "GPU" if self._num_gpus_per_worker else "CPU"

@@ -106,7 +106,7 @@ class ReductionToOneDevice(_base.CrossDeviceOpsBase):
             self._checked_device = True
         return super()._reduce_on_one_device(reduce_op, item)
 
-    def _reduce_items(self, reduce_op, items):
+    def _reduce_batch(self, reduce_op, items):
         # Every value takes the one-device path; the all-reduce path would
         # only add a copy.
         return [self._reduce_on_one_device(reduce_op, item) for item in items]
@@ -206,7 +206,36 @@ def packed_all_reduce(
 
     Returns:
         `result[k][d]`, the sum of value k, on device d.
+
+    Values whose static shape is not fully known cannot be packed; each of
+    them is all-reduced on its own (as TensorFlow's packers do).
     """
+    static = [k for k, v in enumerate(batch) if v[0].shape.is_fully_defined()]
+    results: list[list[tf.Tensor]] = [[] for _ in batch]
+    if static:
+        packed = _pack_and_all_reduce(
+            [batch[k] for k in static],
+            all_reduce,
+            num_packs=num_packs,
+            agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+            agg_small_grads_max_group=agg_small_grads_max_group,
+        )
+        for k, summed in zip(static, packed, strict=True):
+            results[k] = summed
+    dynamic = [k for k in range(len(batch)) if k not in set(static)]
+    for j, k in enumerate(dynamic):
+        results[k] = all_reduce(batch[k], len(static) + j)
+    return results
+
+
+def _pack_and_all_reduce(
+    batch: Sequence[Sequence[tf.Tensor]],
+    all_reduce: AllReduceFn,
+    *,
+    num_packs: int,
+    agg_small_grads_max_bytes: int,
+    agg_small_grads_max_group: int,
+) -> list[list[tf.Tensor]]:
     num_devices = len(batch[0])
     devices = [t.device for t in batch[0]]
     packer = _packing.make_packer(

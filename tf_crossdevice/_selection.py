@@ -8,7 +8,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_crossdevice import _base, _ops, _tf_internal
-from tf_crossdevice._schedules import topology
+from tf_crossdevice._schedules import topology, workers
 
 
 def select_cross_device_ops(
@@ -22,7 +22,9 @@ def select_cross_device_ops(
     - GPUs whose links form a DGX-1-like hybrid cube-mesh (8 GPUs, each
       linked to the three others of its quad and to its peer in the other
       quad): `HierarchicalCopyAllReduce(num_packs=8)`.
-    - Other GPUs: `NcclAllReduce(num_packs=1)`.
+    - Other GPUs of one worker: `NcclAllReduce(num_packs=1)`.
+    - GPUs of several workers (NCCL runs inside one process):
+      `HierarchicalCopyAllReduce(num_packs=1)`.
 
     Args:
         devices: the replicas' device strings.
@@ -63,6 +65,12 @@ def select_cross_device_ops(
             ", ".join(canonical),
         )
         return _ops.HierarchicalCopyAllReduce(num_packs=0)
+    if len({workers.worker_of(d) for d in canonical}) > 1:
+        logging.info(
+            "select_cross_device_ops: GPUs of several workers; "
+            "hierarchical copy with 1 pack."
+        )
+        return _ops.HierarchicalCopyAllReduce(num_packs=1)
     if link_matrix is None:
         link_matrix = _local_link_matrix(canonical)
     if topology.is_dgx1_like(link_matrix):

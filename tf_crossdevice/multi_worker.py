@@ -233,6 +233,8 @@ class WorkerReplicas:
         }
         named |= {t for t, a in enumerate(self._addresses) if a in text}
         dead = [t for t, a in enumerate(self._addresses) if not _answers(a)]
+        if not dead and not isinstance(error, tf.errors.UnavailableError):
+            return error  # A healthy worker's op failed: TF's error says why.
         culprits = sorted(set(dead) or named)
         if not culprits:
             return error

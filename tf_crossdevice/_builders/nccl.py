@@ -16,6 +16,7 @@ from absl import logging
 
 from tf_crossdevice import _tf_internal
 from tf_crossdevice._builders import reduction_to_one_device as one_device
+from tf_crossdevice._schedules import workers
 
 
 def nccl_unavailable_reason(devices: Sequence[str]) -> str | None:
@@ -30,6 +31,9 @@ def nccl_unavailable_reason(devices: Sequence[str]) -> str | None:
     canonical = [_tf_internal.canonicalize_device(d) for d in devices]
     if len(set(canonical)) != len(canonical):
         return "NCCL needs distinct GPUs, got " + ", ".join(devices)
+    if len({workers.worker_of(d) for d in canonical}) > 1:
+        # TF's NCCL ops form their communicator inside one process.
+        return "NCCL runs inside one worker, got " + ", ".join(devices)
     info = tf.sysconfig.get_build_info()
     if not (info.get("is_cuda_build") or info.get("is_rocm_build")):
         return "this TensorFlow build has no NCCL kernel (not a CUDA build)"
@@ -67,5 +71,15 @@ def nccl_all_reduce(tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     if tf.executing_eagerly():
         # Every rank's NcclAllReduce must be launched together; one eager op
         # at a time would wait forever for the others.
-        return list(tf.function(_tf_internal.nccl_all_sum)(list(tensors)))
+        return list(_eager_nccl_all_sum()(list(tensors)))
     return list(_tf_internal.nccl_all_sum(list(tensors)))
+
+
+_EAGER_NCCL: list = []
+
+
+def _eager_nccl_all_sum():
+    """One tf.function for every eager call (it retraces per shape only)."""
+    if not _EAGER_NCCL:
+        _EAGER_NCCL.append(tf.function(_tf_internal.nccl_all_sum))
+    return _EAGER_NCCL[0]

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs tf_crossdevice and its test tools into a fresh .venv (from nothing
-# but python3) and runs every check: format, lint, types, the test suite with
-# doctests, and the Bazel build when Bazel is (or can be) installed.
+# but python3) and runs every check: format, lint, types, the Bazel build
+# (when Bazel is, or can be, installed), then the whole pytest suite with
+# doctests. pytest runs last so that its summary is the closing line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export TF_CPP_MIN_LOG_LEVEL=2
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
@@ -13,9 +15,11 @@ echo "== ruff format --check"
 .venv/bin/ruff format --check .
 echo "== ruff check"
 .venv/bin/ruff check .
-echo "== mypy (public API)"
+echo "== mypy (public API typed; config in mypy.ini)"
 .venv/bin/mypy
-echo "== pytest (tests and doctests)"
-.venv/bin/python -m pytest -n 2 --durations=15
-echo "== bazel"
+echo "== BUILD lists every module and test"
+.venv/bin/python scripts/update_build.py --check
+echo "== bazel test //... (offline; .bazelrc)"
 PYTHON="$PWD/.venv/bin/python" bash scripts/bazel_test.sh
+echo "== pytest (every test, slow ones included, and every doctest)"
+.venv/bin/python -m pytest -n 2 --durations=10

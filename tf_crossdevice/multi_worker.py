@@ -40,7 +40,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -48,6 +48,11 @@ import tensorflow as tf
 from tf_crossdevice import _tf_internal
 
 _WORKER_RE = re.compile(r"/job:([A-Za-z][\w]*)/replica:(\d+)/task:(\d+)")
+# gRPC's own words for the peer that failed; other task names in a TF error
+# are often just where the step's ops ran.
+_REMOTE_TARGET_RE = re.compile(
+    r"remote target /job:([A-Za-z][\w]*)/replica:(\d+)/task:(\d+)"
+)
 _CONNECTION_ERRORS = (
     tf.errors.UnavailableError,
     tf.errors.CancelledError,
@@ -215,7 +220,7 @@ class WorkerReplicas:
             raise error
         return outcome["value"]
 
-    def _describe(self, tasks) -> list[str]:
+    def _describe(self, tasks: Iterable[int]) -> list[str]:
         return [
             f"{self._worker_devices[t]} ({self._addresses[t]})" for t in tasks
         ]
@@ -226,12 +231,10 @@ class WorkerReplicas:
 
     def _explain(self, error: Exception, elapsed: float) -> Exception:
         text = str(error)
-        named = {
-            int(m.group(3))
-            for m in _WORKER_RE.finditer(text)
-            if m.group(1) == self._job_name
-        }
-        named |= {t for t, a in enumerate(self._addresses) if a in text}
+        named = self._tasks_in(_REMOTE_TARGET_RE, text) or (
+            self._tasks_in(_WORKER_RE, text)
+            | {t for t, a in enumerate(self._addresses) if a in text}
+        )
         dead = [t for t, a in enumerate(self._addresses) if not _answers(a)]
         if not dead and not isinstance(error, tf.errors.UnavailableError):
             return error  # A healthy worker's op failed: TF's error says why.
@@ -253,6 +256,13 @@ class WorkerReplicas:
             f"failed after {elapsed:.1f} s: {detail}",
             [self._worker_devices[t] for t in culprits],
         )
+
+    def _tasks_in(self, pattern: re.Pattern[str], text: str) -> set[int]:
+        return {
+            int(m.group(3))
+            for m in pattern.finditer(text)
+            if m.group(1) == self._job_name
+        }
 
     def _check_devices_exist(self) -> None:
         known = {

@@ -44,6 +44,19 @@ RTOL = {
 }
 
 
+def count_batch_reduce_calls(ops) -> list:
+    """Wraps `ops.batch_reduce`; the returned list grows by one per call."""
+    calls: list = []
+    original = ops.batch_reduce
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    ops.batch_reduce = counting
+    return calls
+
+
 def canonical(device: str) -> str:
     return _tf_internal.canonicalize_device(device)
 
@@ -379,14 +392,7 @@ class CrossDeviceOpsContract:
     def test_mirrored_strategy_calls_it(self):
         """MirroredStrategy's all_reduce really goes through this object."""
         ops = self.make_ops()
-        calls = []
-        original = ops.batch_reduce
-
-        def counting(*args, **kwargs):
-            calls.append(args)
-            return original(*args, **kwargs)
-
-        ops.batch_reduce = counting
+        calls = count_batch_reduce_calls(ops)
         devices = device_names(4)
         strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
 

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_crossdevice
+from tests import contract
 
 keras = tf.keras
 
@@ -71,14 +72,7 @@ def reference():
 def test_fit_matches_one_device(name, reference):
     initial, expected = reference
     ops = CLASSES[name]()
-    calls = []
-    original = ops.batch_reduce
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    ops.batch_reduce = counting
+    calls = contract.count_batch_reduce_calls(ops)
     strategy = tf.distribute.MirroredStrategy(
         tf_crossdevice.testing.cpu_devices(4), cross_device_ops=ops
     )

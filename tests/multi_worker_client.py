@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import tf_crossdevice  # noqa: E402
+from tests import contract  # noqa: E402
 from tf_crossdevice import multi_worker  # noqa: E402
 
 # (shape, dtype) of each value in the batch: scalars to a few KB, two dtypes.
@@ -157,14 +158,7 @@ def run_legacy_graph(job):
         0,
         spec_from_json(job["spec"]),
     )
-    calls = []
-    original = ops.batch_reduce
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    ops.batch_reduce = counting
+    calls = contract.count_batch_reduce_calls(ops)
     with tf.Graph().as_default():
         strategy = tf.compat.v1.distribute.MirroredStrategy(
             devices, cross_device_ops=ops

@@ -90,14 +90,7 @@ def test_every_algorithm_under_mirrored_strategy(alg):
     devices = tf_crossdevice.testing.cpu_devices(4)
     ops = tf_crossdevice.SpecAllReduce((alg, 2))
     strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
-    calls = []
-    original = ops.batch_reduce
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    ops.batch_reduce = counting
+    calls = contract.count_batch_reduce_calls(ops)
 
     @tf.function
     def step():

@@ -31,8 +31,18 @@ setuptools.setup(
     ],
     extras_require={
         # pytest-xdist runs the suite on both cores of a small machine.
-        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100"],
-        "dev": ["ruff>=0.6", "mypy>=1.10"],
+        # matplotlib draws the benchmark's time-vs-size plot; tqdm is its
+        # progress bar (a full run takes a long time).
+        "benchmark": ["matplotlib>=3.8", "tqdm>=4.66"],
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3",
+            "hypothesis>=6.100",
+            "matplotlib>=3.8",
+            "tqdm>=4.66",
+        ],
+        # Pinned: a new release's rules would otherwise fail CI on its own.
+        "dev": ["ruff==0.17.6", "mypy==2.4.1"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

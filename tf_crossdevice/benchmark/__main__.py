@@ -1,0 +1,373 @@
+"""Command line: `python -m tf_crossdevice.benchmark [--quick] [flags]`.
+
+Runs the single-process groups (every workload on 2, 4 and 8 logical CPU
+devices), then the multi-worker groups (2 and 3 worker processes), prints
+the table and writes `results.txt`, `results.json` and `time_vs_size.png`
+to `--output_dir`. Exit code 0 when every result was verified and timed, 2
+when some candidate failed (its row says why), 1 on a usage error.
+
+`--quick` (under two minutes on two cores) uses stand-ins: the first 24
+ResNet-50 tensors, 32 small tensors, two sweep sizes, 4 devices, 2 workers
+and a few candidates per family. Flags given explicitly win over it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+
+FLAGS = flags.FLAGS
+WORKLOADS = ("resnet50", "bert_base", "many_small", "sweep")
+
+# Flag values `--quick` uses unless the flag is given.
+QUICK_DEFAULTS: dict[str, Any] = {
+    "workloads": ["resnet50", "many_small", "sweep"],
+    "devices": [4],
+    "workers": [2],
+    "multi_worker_workloads": ["resnet50"],
+    "rounds": 5,
+    "target_seconds": 0.02,
+    "resnet50_tensors": 24,
+    "many_small_count": 32,
+    "sweep_max_bytes": 4 << 20,
+    "sweep_step": 1 << 20,
+}
+
+
+def define_flags() -> None:
+    """Defines the command's flags (once per process).
+
+    >>> define_flags()
+    >>> FLAGS["quick"].default, FLAGS["rounds"].default
+    (False, 7)
+    """
+    if "quick" in FLAGS:
+        return
+    flags.DEFINE_bool(
+        "quick", False, "A small run (under two minutes): see the docstring."
+    )
+    flags.DEFINE_string(
+        "output_dir", "benchmark_results", "Where the files are written."
+    )
+    flags.DEFINE_list(
+        "workloads",
+        list(WORKLOADS),
+        f"Single-process workloads, from {', '.join(WORKLOADS)}.",
+    )
+    flags.DEFINE_list(
+        "devices", ["2", "4", "8"], "Logical CPU device counts (one process)."
+    )
+    flags.DEFINE_list(
+        "workers", ["2", "3"], "Worker process counts (empty: none)."
+    )
+    flags.DEFINE_list(
+        "multi_worker_workloads",
+        ["resnet50", "many_small"],
+        "Workloads across worker processes (resnet50, bert_base, many_small).",
+    )
+    flags.DEFINE_integer("rounds", 7, "Timing rounds.", lower_bound=1)
+    flags.DEFINE_float(
+        "target_seconds",
+        0.05,
+        "Each measurement repeats the step for about this long.",
+        lower_bound=0,
+    )
+    flags.DEFINE_integer(
+        "max_reps",
+        200,
+        "At most this many steps per measurement.",
+        lower_bound=1,
+    )
+    flags.DEFINE_integer(
+        "resnet50_tensors",
+        214,
+        "Use the first N ResNet-50 tensors (214: all).",
+        lower_bound=1,
+    )
+    flags.DEFINE_integer(
+        "many_small_count",
+        1000,
+        "Tensors in the many-small set.",
+        lower_bound=1,
+    )
+    flags.DEFINE_integer("sweep_min_bytes", 4, "Smallest sweep size.")
+    flags.DEFINE_integer("sweep_max_bytes", 256 << 20, "Largest sweep size.")
+    flags.DEFINE_integer(
+        "sweep_step",
+        2,
+        "Each sweep size is this times the last.",
+        lower_bound=2,
+    )
+    flags.DEFINE_string(
+        "candidates",
+        "",
+        "Only candidates whose name contains one of these comma-separated "
+        "strings (rooflines and baselines always run).",
+    )
+    flags.DEFINE_enum(
+        "sweep_table",
+        "best",
+        ["best", "all"],
+        "Sweep rows: roofline, TF's best and ours best per size, or all.",
+    )
+    flags.DEFINE_integer("seed", 0, "Seeds the values and the round order.")
+    flags.DEFINE_float(
+        "timeout_seconds",
+        900.0,
+        "The longest one multi-worker command may take.",
+        lower_bound=1,
+    )
+    flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
+
+
+def _apply_quick() -> None:
+    if not FLAGS.quick:
+        return
+    for name, value in QUICK_DEFAULTS.items():
+        if not FLAGS[name].present:
+            setattr(FLAGS, name, value)
+
+
+def _ints(values: Sequence[str], flag: str, minimum: int) -> list[int]:
+    out = []
+    for v in values:
+        try:
+            number = int(v)
+        except ValueError:
+            raise app.UsageError(f"--{flag}: {v!r} is not an integer") from None
+        if number < minimum:
+            raise app.UsageError(f"--{flag}: {number} is below {minimum}")
+        out.append(number)
+    return out
+
+
+def _workload(name: str, flag: str):
+    from tf_crossdevice.benchmark import workloads
+
+    if name == "resnet50":
+        return workloads.resnet50().truncated(FLAGS.resnet50_tensors)
+    if name == "bert_base":
+        return workloads.bert_base()
+    if name == "many_small":
+        return workloads.many_small(FLAGS.many_small_count)
+    raise app.UsageError(
+        f"--{flag}: unknown workload {name!r}; expected one of "
+        f"{', '.join(WORKLOADS)}"
+    )
+
+
+def _filtered(candidates: list[Any]) -> list[Any]:
+    wanted = [s for s in FLAGS.candidates.split(",") if s]
+    if not wanted:
+        return candidates
+    return [c for c in candidates if any(s in c.name for s in wanted)]
+
+
+def _machine() -> str:
+    import numpy as np
+    import tensorflow as tf
+
+    load = os.getloadavg()
+    return (
+        f"{os.cpu_count()} CPU cores "
+        f"({platform.processor() or platform.machine()}), "
+        f"load average {load[0]:.1f}, Python {platform.python_version()}, "
+        f"TensorFlow {tf.__version__}, numpy {np.__version__}"
+    )
+
+
+def _failed_group(setting: str, workload: Any, n: int, error: str) -> dict:
+    return {
+        "setting": setting,
+        "workload": workload.name,
+        "description": workload.description,
+        "num_replicas": n,
+        "num_tensors": workload.num_tensors,
+        "size_bytes": workload.num_bytes,
+        "count": workload.num_elements,
+        "dtype": workload.dtype,
+        "error": error,
+        "roofline": None,
+        "roofline_seconds": None,
+        "tf_best": None,
+        "tf_best_seconds": None,
+        "ours_best": None,
+        "ours_best_seconds": None,
+        "baselines": {},
+        "results": [],
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _apply_quick()
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+        # Every candidate is a new tf.function by design; TensorFlow's
+        # retracing warning would fire for each one.
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")
+    devices = _ints(FLAGS.devices, "devices", 2)
+    workers = _ints(FLAGS.workers, "workers", 2)
+    for name in FLAGS.workloads:
+        if name not in WORKLOADS:
+            raise app.UsageError(
+                f"--workloads: unknown workload {name!r}; expected one of "
+                f"{', '.join(WORKLOADS)}"
+            )
+
+    # Logical devices must exist before TensorFlow initialises, and building
+    # ResNet-50 initialises it.
+    from tf_crossdevice import testing
+
+    testing.request_cpu_devices(max(devices, default=2))
+
+    import tqdm  # type: ignore[import-untyped]
+
+    from tf_crossdevice.benchmark import candidates as candidates_lib
+    from tf_crossdevice.benchmark import (
+        multi_worker,
+        report,
+        single_process,
+        workloads,
+    )
+
+    started = time.time()
+    command = "python -m tf_crossdevice.benchmark " + shlex.join(sys.argv[1:])
+    meta = {
+        "command": command.strip(),
+        "machine": _machine(),
+        "quick": FLAGS.quick,
+    }
+    config = single_process.Config(
+        rounds=FLAGS.rounds,
+        target_seconds=FLAGS.target_seconds,
+        max_reps=FLAGS.max_reps,
+        seed=FLAGS.seed,
+        cores=os.cpu_count() or 1,
+    )
+    single_workloads = []
+    for name in FLAGS.workloads:
+        if name == "sweep":
+            single_workloads += workloads.sweep(
+                FLAGS.sweep_min_bytes, FLAGS.sweep_max_bytes, FLAGS.sweep_step
+            )
+        else:
+            single_workloads.append(_workload(name, "workloads"))
+    mw_workloads = [
+        _workload(name, "multi_worker_workloads")
+        for name in FLAGS.multi_worker_workloads
+    ]
+    plan = [
+        (
+            w,
+            n,
+            _filtered(candidates_lib.single_process_candidates(w, FLAGS.quick)),
+        )
+        for w in single_workloads
+        for n in devices
+    ]
+    total = sum(single_process.units(len(c), config.rounds) for *_, c in plan)
+    for _ in workers:
+        for w in mw_workloads:
+            count = len(
+                _filtered(
+                    candidates_lib.multi_worker_candidates(w, FLAGS.quick)
+                )
+            )
+            total += multi_worker.units(count, config.rounds)
+
+    groups = []
+    with tqdm.tqdm(
+        total=total,
+        file=sys.stderr,
+        disable=not FLAGS.progress,
+        unit="step",
+        dynamic_ncols=True,
+    ) as bar:
+
+        def describe(text: str) -> None:
+            bar.set_postfix_str(text[:70], refresh=True)
+
+        for workload, n, candidates in plan:
+            groups.append(
+                single_process.run(
+                    workload, n, candidates, config, bar.update, describe
+                )
+            )
+        for p in workers:
+            try:
+                groups += multi_worker.run(
+                    mw_workloads,
+                    p,
+                    config,
+                    FLAGS.quick,
+                    timeout_seconds=FLAGS.timeout_seconds,
+                    advance=bar.update,
+                    describe=describe,
+                    candidate_filter=_filtered,
+                )
+            except Exception as e:  # noqa: BLE001 - reported in the table.
+                error = f"{type(e).__name__}: {e}"
+                groups += [
+                    _failed_group("multi_worker", w, p, error)
+                    for w in mw_workloads
+                ]
+
+    met = report.targets(groups)
+    meta["seconds"] = time.time() - started
+    meta["load_average_end"] = os.getloadavg()[0]
+    document = {
+        "meta": meta,
+        "skipped": [
+            {"name": s.name, "reason": s.reason}
+            for s in candidates_lib.single_process_skipped()
+        ],
+        "groups": groups,
+        "targets": met,
+    }
+    table = report.full_table(
+        groups, met, meta, sweep_all=FLAGS.sweep_table == "all"
+    )
+    table += f"\n# finished in {meta['seconds']:.0f} s"
+    print(table, flush=True)
+    output = pathlib.Path(FLAGS.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "results.txt").write_text(table + "\n")
+    report.write_json(output / "results.json", document)
+    report.write_plot(output / "time_vs_size.png", groups)
+    print(f"# wrote {output}/results.txt, results.json, time_vs_size.png")
+    failed = [
+        f"{g['workload']} x{g['num_replicas']}: {g['error']}"
+        for g in groups
+        if g.get("error")
+    ] + [
+        f"{g['workload']} x{g['num_replicas']}: {r['name']}: {r['error']}"
+        for g in groups
+        for r in g["results"]
+        if not r["verified"] or r["error"]
+    ]
+    if failed:
+        print(
+            f"{len(failed)} failure(s):\n  " + "\n  ".join(failed),
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,723 @@
+"""Times all-reduces across local worker processes, ours against MWMS.
+
+Two sets of processes hold the same replicas' values (replica i = worker
+task i, one CPU replica per worker):
+
+- ours: `tf_crossdevice.cluster` worker servers, driven by one client
+  process (`--role=client` below) that connects to them and runs
+  `MultiWorkerAllReduce` (and TensorFlow's `ReductionToOneDevice`) inside a
+  `tf.function` spanning the workers;
+- TensorFlow's: p processes (`--role=mwms`), each with `TF_CONFIG`, running
+  `MultiWorkerMirroredStrategy`'s collective all-reduce between-graph.
+
+The benchmark process drives both over pipes, one JSON line per command, so
+their measurements interleave round by round. It also times TCP loopback
+itself, and the client times TensorFlow's gRPC copy between two workers:
+the roofline is the time a ring needs to move 2(p-1)/p of the bytes at the
+faster of the two rates. Every child process exits when its stdin closes or
+its parent dies; the benchmark kills their process groups when it is done.
+
+Child command line (internal): `python -m tf_crossdevice.benchmark.multi_worker
+--role=client|mwms --parent_pid=PID`, a setup JSON line on stdin, then one
+command per line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any
+
+from tf_crossdevice.benchmark import candidates as candidates_lib
+from tf_crossdevice.benchmark import records, roofline, steps, timing
+from tf_crossdevice.benchmark import workloads as workloads_lib
+
+_MARK = "@@tf_crossdevice.benchmark "
+_MODULE = "tf_crossdevice.benchmark.multi_worker"
+_STOP_GRACE_SECONDS = 5.0
+_STDERR_TAIL_CHARS = 3000
+_PACKAGE_PARENT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+
+INPUTS_BASELINE = "baseline: inputs only (client)"
+IDLE_BASELINE = "baseline: two workers, no transfer (client)"
+MWMS_BASELINE = "baseline: inputs only (MWMS)"
+ROOFLINE_GRPC = "roofline: TF gRPC copy worker 0 -> 1"
+ROOFLINE_TCP = "roofline: TCP loopback"
+
+
+# ---- The benchmark process's side ------------------------------------------
+
+
+class ChildError(RuntimeError):
+    """A child process failed, answered with an error, or did not answer."""
+
+
+class _Child:
+    """One child process speaking the JSON-lines protocol."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]):
+        self.name = name
+        # Read with os.pread on failure; nothing stays on disk.
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # Its own process group, to kill.
+        )
+        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith(_MARK):
+                self._lines.put(json.loads(line[len(_MARK) :]))
+        self._lines.put(None)
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+        except OSError as e:
+            raise ChildError(
+                f"{self.name}: cannot send: {e}; {self._tail()}"
+            ) from e
+
+    def receive(self, timeout: float) -> dict[str, Any]:
+        try:
+            message = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise ChildError(
+                f"{self.name}: no answer within {timeout:.0f} s"
+            ) from None
+        if message is None:
+            self.process.wait()
+            raise ChildError(
+                f"{self.name} exited with code {self.process.returncode}; "
+                f"{self._tail()}"
+            )
+        return message
+
+    def _tail(self) -> str:
+        if self._stderr.closed:
+            return "stderr closed"
+        fd = self._stderr.fileno()
+        size = os.fstat(fd).st_size
+        start = max(0, size - _STDERR_TAIL_CHARS)
+        text = os.pread(fd, size - start, start).decode(errors="replace")
+        return "stderr tail:\n" + (text.strip() or "<empty>")
+
+    def stop(self) -> None:
+        """EOF on stdin, SIGTERM, grace period, SIGKILL, reap."""
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        _signal_group(self.process, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=_STOP_GRACE_SECONDS)
+        _signal_group(self.process, signal.SIGKILL)
+        self.process.wait()
+        self._stderr.close()
+
+
+def _signal_group(process: subprocess.Popen[str], sig: int) -> None:
+    # Only while unreaped: then the pid still names our process group.
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+
+
+class _Group:
+    """Children that get every command; each answers once per command."""
+
+    def __init__(self, name: str, children: list[_Child]):
+        self.name = name
+        self.children = children
+        self.dead: str | None = None
+
+    def request(
+        self, message: dict[str, Any], timeout: float
+    ) -> list[dict[str, Any]]:
+        """Sends `message` to every child and returns their answers.
+
+        Raises:
+            ChildError: a child failed or was too slow (the group is stopped
+                and every later request fails at once), or answered with an
+                error.
+        """
+        if self.dead is not None:
+            raise ChildError(f"{self.name} was stopped earlier: {self.dead}")
+        try:
+            for child in self.children:
+                child.send(message)
+            answers = [child.receive(timeout) for child in self.children]
+        except ChildError as e:
+            self.dead = timing.first_line(str(e), 200)
+            self.stop()
+            raise
+        errors = [a["error"] for a in answers if a.get("error")]
+        if errors:
+            raise ChildError(errors[0])
+        return answers
+
+    def stop(self) -> None:
+        for child in self.children:
+            child.stop()
+
+
+def _child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p
+    )
+    env.update(extra)
+    return env
+
+
+def _child_argv(role: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        _MODULE,
+        f"--role={role}",
+        f"--parent_pid={os.getpid()}",
+    ]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports free on 127.0.0.1 right now.
+
+    >>> len(set(free_ports(3)))
+    3
+    """
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)  # Held until all are picked: distinct.
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@contextlib.contextmanager
+def _started(group: _Group, setup: dict[str, Any], timeout: float):
+    """Sends the setup line, waits for every child's readiness, stops later."""
+    try:
+        group.request(setup, timeout)
+        yield group
+    finally:
+        group.stop()
+
+
+def _start_client(cluster_spec: dict[str, Any], setup: dict[str, Any]):
+    child = _Child("client", _child_argv("client"), _child_env({}))
+    return _Group("our client", [child]), {**setup, "cluster": cluster_spec}
+
+
+def _start_mwms(num_workers: int, setup: dict[str, Any]):
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(num_workers)]
+    children = []
+    for task in range(num_workers):
+        tf_config = {
+            "cluster": {"worker": addresses},
+            "task": {"type": "worker", "index": task},
+        }
+        env = _child_env({"TF_CONFIG": json.dumps(tf_config)})
+        env.pop("TF_GRPC_REUSE_PORT", None)
+        children.append(_Child(f"MWMS task {task}", _child_argv("mwms"), env))
+    return _Group("MWMS", children), setup
+
+
+def units(num_candidates: int, rounds: int) -> int:
+    """Progress units one workload reports (plus the fixed entries).
+
+    >>> units(3, 5)
+    48
+    """
+    return (num_candidates + 5) * (1 + rounds)
+
+
+def run(
+    workloads: Sequence[workloads_lib.Workload],
+    num_workers: int,
+    config: Any,
+    quick: bool,
+    timeout_seconds: float = 300.0,
+    advance: Callable[[int], object] = lambda n: None,
+    describe: Callable[[str], object] = lambda s: None,
+    candidate_filter: Callable[[list[Any]], list[Any]] = lambda c: c,
+) -> list[dict[str, Any]]:
+    """Verifies and times the multi-worker candidates on every workload.
+
+    Args:
+        workloads: what each worker holds, one group each.
+        num_workers: worker processes (p >= 2).
+        config: a `single_process.Config` (rounds, timing targets, seed).
+        quick: the small candidate set.
+        timeout_seconds: the longest any one command may take.
+        advance: progress callback (see `single_process.run`).
+        describe: status callback.
+        candidate_filter: narrows each workload's candidate list.
+
+    Returns:
+        One group record per workload.
+
+    Raises:
+        ChildError: the processes could not be started.
+
+    Example (starts 2p + 1 processes; tests/benchmark_test.py runs it):
+
+    >>> from tf_crossdevice.benchmark import single_process, workloads
+    >>> groups = run([workloads.many_small(8)], 2,  # doctest: +SKIP
+    ...              single_process.Config(rounds=5), quick=True)
+    """
+    from tf_crossdevice import cluster as cluster_lib
+
+    setup = {"seed": config.seed, "warmup": config.warmup}
+    describe(f"x{num_workers} workers: starting processes")
+    with contextlib.ExitStack() as stack:
+        local = stack.enter_context(
+            cluster_lib.start_local_cluster(num_workers, cpus_per_worker=1)
+        )
+        client, client_setup = _start_client(
+            local.cluster_spec.as_dict(), setup
+        )
+        stack.enter_context(_started(client, client_setup, timeout_seconds))
+        mwms, mwms_setup = _start_mwms(num_workers, setup)
+        stack.enter_context(_started(mwms, mwms_setup, timeout_seconds))
+        return [
+            _run_workload(
+                w,
+                num_workers,
+                client,
+                mwms,
+                config,
+                quick,
+                timeout_seconds,
+                advance,
+                describe,
+                candidate_filter,
+            )
+            for w in workloads
+        ]
+
+
+def _run_workload(
+    workload: workloads_lib.Workload,
+    p: int,
+    client: _Group,
+    mwms: _Group,
+    config: Any,
+    quick: bool,
+    timeout: float,
+    advance: Callable[[int], object],
+    describe: Callable[[str], object],
+    candidate_filter: Callable[[list[Any]], list[Any]],
+) -> dict[str, Any]:
+    label = f"{workload.name} x{p} workers"
+    entries: list[dict[str, Any]] = [
+        {"name": INPUTS_BASELINE, "family": "baseline", "baseline": None},
+        {"name": IDLE_BASELINE, "family": "baseline", "baseline": None},
+        {"name": MWMS_BASELINE, "family": "baseline", "baseline": None},
+        {
+            "name": ROOFLINE_GRPC,
+            "family": "roofline",
+            "baseline": IDLE_BASELINE,
+        },
+        {"name": ROOFLINE_TCP, "family": "roofline", "baseline": None},
+    ]
+    for c in candidate_filter(
+        candidates_lib.multi_worker_candidates(workload, quick)
+    ):
+        entries.append(
+            {
+                "name": c.name,
+                "family": c.family,
+                "baseline": MWMS_BASELINE
+                if c.kind == "mwms"
+                else INPUTS_BASELINE,
+                "candidate": c.as_dict(),
+            }
+        )
+    load = {
+        "cmd": "load",
+        "name": workload.name,
+        "shapes": [list(s) for s in workload.shapes],
+    }
+    loaded: dict[str, str | None] = {}
+    for group in (client, mwms):
+        try:
+            group.request(load, timeout)
+            loaded[group.name] = None
+        except ChildError as e:
+            loaded[group.name] = f"could not load the workload: {e}"
+    opened: list[roofline.TcpLoopback] = []
+    timers: dict[str, timing.TimeFn] = {}
+    reps: dict[str, int] = {}
+    for entry in entries:
+        describe(f"{label}: {entry['name']}")
+        group = mwms if entry["name"] == MWMS_BASELINE else client
+        if entry.get("candidate", {}).get("kind") == "mwms":
+            group = mwms
+        if entry["name"] == ROOFLINE_TCP:
+            prepared, call = steps.prepare(
+                lambda: _tcp_entry(workload.num_bytes, opened), config.warmup
+            )
+            if call is not None:
+                timers[entry["name"]] = _local_timer(call)
+        elif loaded[group.name] is not None:
+            prepared = steps.Prepared(
+                False if entry["family"] != "baseline" else None,
+                loaded[group.name],
+                0.0,
+                0.0,
+            )
+        else:
+            prepared = _prepare_remote(group, entry, timeout)
+            if prepared.error is None:
+                timers[entry["name"]] = _remote_timer(
+                    group, entry["name"], timeout
+                )
+        entry.update(prepared.as_dict())
+        if entry["name"] in timers:
+            reps[entry["name"]] = timing.reps_for(
+                prepared.seconds_per_call,
+                config.target_seconds,
+                config.max_reps,
+            )
+        entry["reps"] = reps.get(entry["name"], 0)
+        advance(1)
+    describe(f"{label}: timing {len(timers)} entries")
+    try:
+        samples, errors = timing.interleaved_rounds(
+            timers,
+            reps,
+            config.rounds,
+            seed=config.seed,
+            on_measurement=lambda name: advance(1),
+        )
+    finally:
+        for loopback in opened:
+            loopback.close()
+    advance((len(entries) - len(timers)) * config.rounds)
+    for entry in entries:
+        entry["samples"] = samples.get(entry["name"], [])
+        if entry["name"] in errors:
+            entry["error"] = f"while timing: {errors[entry['name']]}"
+    for group in (client, mwms):
+        with contextlib.suppress(ChildError):
+            group.request({"cmd": "unload"}, timeout)
+    factor = roofline.ring_bytes_per_worker(1, p)
+    return records.make_group_record(
+        setting="multi_worker",
+        workload=workload,
+        num_replicas=p,
+        entries=entries,
+        rounds=config.rounds,
+        roofline_time=lambda seconds: seconds * factor,
+        extra={
+            "roofline_note": "rooflines time a one-way transfer of the "
+            "workload's bytes; roofline time = that time * 2(p-1)/p, the "
+            "bytes a ring moves through each worker"
+        },
+    )
+
+
+def _prepare_remote(
+    group: _Group, entry: dict[str, Any], timeout: float
+) -> steps.Prepared:
+    verifies = entry["family"] != "baseline"
+    try:
+        answers = group.request({"cmd": "prepare", "entry": entry}, timeout)
+    except ChildError as e:
+        return steps.Prepared(
+            False if verifies else None, timing.first_line(str(e)), 0.0, 0.0
+        )
+    failed = [a for a in answers if a["error"] is not None]
+    if failed:
+        return steps.Prepared(
+            False if verifies else None,
+            failed[0]["error"],
+            0.0,
+            max(a["build_seconds"] for a in answers),
+        )
+    return steps.Prepared(
+        True if verifies else None,
+        None,
+        max(a["seconds_per_call"] for a in answers),
+        max(a["build_seconds"] for a in answers),
+    )
+
+
+def _remote_timer(group: _Group, name: str, timeout: float) -> timing.TimeFn:
+    def time_remote(reps: int) -> float:
+        answers = group.request(
+            {"cmd": "time", "name": name, "reps": reps}, timeout
+        )
+        # Collectives finish together; the slowest worker is the step time.
+        return max(a["seconds"] for a in answers)
+
+    return time_remote
+
+
+def _local_timer(call: Callable[[], Any]) -> timing.TimeFn:
+    return lambda reps: timing.time_calls(call, reps)
+
+
+def _tcp_entry(
+    num_bytes: int, opened: list[roofline.TcpLoopback]
+) -> tuple[Callable[[], None], Callable[[], str | None]]:
+    loopback = roofline.TcpLoopback(num_bytes)
+    opened.append(loopback)
+
+    def check() -> str | None:
+        loopback()  # The receiver answers only after counting every byte.
+        return None
+
+    return loopback, check
+
+
+# ---- The child processes' side ---------------------------------------------
+
+
+def _reply(message: dict[str, Any]) -> None:
+    sys.stdout.write(_MARK + json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _exit_when_parent_goes(parent_pid: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+class _Session:
+    """What a child holds between commands: the replicas and built entries."""
+
+    def __init__(self, setup: dict[str, Any]):
+        self.seed = setup["seed"]
+        self.warmup = setup["warmup"]
+        self.replicas: steps.Replicas | None = None
+        self.calls: dict[str, Callable[[], Any]] = {}
+
+    def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        cmd = command["cmd"]
+        if cmd == "load":
+            workload = workloads_lib.Workload(
+                command["name"], tuple(tuple(s) for s in command["shapes"])
+            )
+            self.calls = {}
+            self.replicas = None
+            self.replicas = self.load(workload)
+            return {}
+        if cmd == "prepare":
+            entry = command["entry"]
+            prepared, call = steps.prepare(
+                lambda: self.build(entry),
+                self.warmup,
+                verifies=entry["family"] != "baseline",
+            )
+            if call is not None:
+                self.calls[entry["name"]] = call
+            return prepared.as_dict()
+        if cmd == "time":
+            seconds = timing.time_calls(
+                self.calls[command["name"]], command["reps"]
+            )
+            return {"seconds": seconds}
+        if cmd == "unload":
+            self.calls = {}
+            self.replicas = None
+            return {}
+        raise ValueError(f"command: unknown {cmd!r}")
+
+    def load(self, workload: workloads_lib.Workload) -> steps.Replicas:
+        raise NotImplementedError
+
+    def build(self, entry: dict[str, Any]):
+        raise NotImplementedError
+
+
+class _ClientSession(_Session):
+    """Our side: one client driving the cluster's workers in one graph."""
+
+    def __init__(self, setup: dict[str, Any]):
+        super().__init__(setup)
+        from tf_crossdevice import multi_worker
+
+        self.workers = multi_worker.WorkerReplicas(
+            setup["cluster"], replicas_per_worker=1
+        )
+
+    def load(self, workload: workloads_lib.Workload) -> steps.Replicas:
+        return steps.Replicas(workload, self.workers.devices, self.seed)
+
+    def build(self, entry: dict[str, Any]):
+        import numpy as np
+        import tensorflow as tf
+
+        replicas = self.replicas
+        assert replicas is not None
+        name = entry["name"]
+        if name == INPUTS_BASELINE:
+            pair = steps.StepPair(
+                lambda: [list(v.values) for v in replicas.values()]
+            )
+            return pair.timed, lambda: replicas.check_inputs(pair)
+        if name == IDLE_BASELINE:
+            pair = steps.StepPair(lambda: [replicas.flats()[:2]])
+            return pair.timed, lambda: None
+        if name == ROOFLINE_GRPC:
+
+            def copy() -> steps.Results:
+                source = replicas.flats()[0]
+                with tf.device(replicas.devices[1]):
+                    return [[tf.identity(source)]]
+
+            pair = steps.StepPair(copy)
+            return pair.timed, lambda: steps.mismatch(
+                np.asarray(pair.results()[0][0]),
+                np.asarray(replicas.variables[0].value()),
+            )
+        candidate = candidates_lib.Candidate.from_dict(entry["candidate"])
+        reduce_fn = candidates_lib.build(candidate, replicas.devices)
+
+        def body() -> steps.Results:
+            return [list(v.values) for v in reduce_fn(replicas.values())]
+
+        pair = steps.StepPair(body)
+        return pair.timed, lambda: replicas.check(pair.results(), pair.devices)
+
+
+class _MwmsSession(_Session):
+    """TensorFlow's side: one of p MultiWorkerMirroredStrategy processes."""
+
+    def __init__(self, setup: dict[str, Any]):
+        super().__init__(setup)
+        import tensorflow as tf
+
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        resolver = self.strategy.cluster_resolver
+        self.task = resolver.task_id
+        self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
+        self.device = self.strategy.extended.worker_devices[0]
+
+    def load(self, workload: workloads_lib.Workload) -> steps.Replicas:
+        return steps.Replicas(
+            workload,
+            [self.device],
+            self.seed,
+            first_replica=self.task,
+            total_replicas=self.num_workers,
+        )
+
+    def build(self, entry: dict[str, Any]):
+        import tensorflow as tf
+
+        replicas = self.replicas
+        assert replicas is not None
+        if entry["name"] == MWMS_BASELINE:
+
+            def inputs() -> steps.Results:
+                tensors = self.strategy.run(lambda: replicas.tensors(0))
+                return [[t] for t in tensors]
+
+            pair = steps.StepPair(inputs)
+            return pair.timed, lambda: replicas.check_inputs(pair)
+        kwargs = dict(entry["candidate"]["kwargs"])
+        options = None
+        if kwargs:
+            implementation = kwargs.pop("implementation", "AUTO")
+            options = tf.distribute.experimental.CommunicationOptions(
+                implementation=getattr(
+                    tf.distribute.experimental.CommunicationImplementation,
+                    implementation,
+                ),
+                **kwargs,
+            )
+
+        def replica_fn() -> list[tf.Tensor]:
+            tensors = replicas.tensors(0)
+            context = tf.distribute.get_replica_context()
+            if options is None:
+                return context.all_reduce(tf.distribute.ReduceOp.SUM, tensors)
+            return context.all_reduce(
+                tf.distribute.ReduceOp.SUM, tensors, options=options
+            )
+
+        def body() -> steps.Results:
+            return [[t] for t in self.strategy.run(replica_fn)]
+
+        pair = steps.StepPair(body)
+        return pair.timed, lambda: replicas.check(pair.results(), pair.devices)
+
+
+def _child_main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--role", choices=("client", "mwms"), required=True)
+    parser.add_argument("--parent_pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    _exit_when_parent_goes(args.parent_pid)
+    setup = json.loads(sys.stdin.readline() or "null")
+    if setup is None:
+        return 0
+    try:
+        session: _Session = (
+            _ClientSession(setup)
+            if args.role == "client"
+            else _MwmsSession(setup)
+        )
+    except Exception as e:  # noqa: BLE001 - sent to the parent.
+        _reply({"error": f"{args.role} setup: {type(e).__name__}: {e}"})
+        return 1
+    _reply({"ready": True})
+    for line in _stdin_lines():
+        command = json.loads(line)
+        try:
+            answer = session.handle(command)
+        except Exception as e:  # noqa: BLE001 - sent to the parent.
+            answer = {
+                "error": f"{type(e).__name__}: {timing.first_line(str(e))}"
+            }
+        _reply(answer)
+    return 0
+
+
+def _stdin_lines() -> Iterator[str]:
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return
+        if line.strip():
+            yield line
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

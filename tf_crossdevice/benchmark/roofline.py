@@ -1,0 +1,178 @@
+"""What the machine can do: plain sums and loopback transfers.
+
+Single process: an n-way sum of S bytes must read n*S bytes and write S. The
+benchmark times that sum several ways on the same buffers, in the same
+rounds as the candidates (`tf.add_n` on one device, `tf.add_n` over one
+piece per core, numpy in one thread and in one thread per core) and takes
+the fastest as the roofline.
+
+Across processes: a ring all-reduce moves 2(p-1)/p * S bytes through each
+worker's links. The roofline time is that many bytes at the fastest
+loopback rate measured in the same run (`tcp_loopback_seconds` between two
+plain processes, and TensorFlow's gRPC copy between two workers).
+
+>>> aligned_pieces(100, 3, 16)
+[48, 48, 4]
+>>> summer = NumpySum([np.ones(40, np.float32)] * 3, threads=2)
+>>> summer(); float(summer.out.sum())
+120.0
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def aligned_pieces(total: int, pieces: int, align: int) -> list[int]:
+    """Splits `total` elements into at most `pieces` aligned pieces.
+
+    Every piece but the last is a multiple of `align`; empty pieces are
+    dropped.
+    """
+    if total <= 0:
+        return [total]
+    size = -(-total // (pieces * align)) * align
+    sizes = []
+    start = 0
+    while start < total:
+        sizes.append(min(size, total - start))
+        start += size
+    return sizes
+
+
+class NumpySum:
+    """Sums equal-shaped arrays into a preallocated buffer, like add_n.
+
+    Each call computes `out = arrays[0] + arrays[1] + ...` with `np.add`
+    (`out=`), in `threads` chunks run by a thread pool (numpy releases the
+    GIL in ufuncs).
+    """
+
+    def __init__(self, arrays: Sequence[np.ndarray], threads: int = 1):
+        if len(arrays) < 2:
+            raise ValueError(
+                f"arrays: expected at least 2 arrays to sum, got {len(arrays)}"
+            )
+        self.arrays = list(arrays)
+        self.out = np.empty_like(self.arrays[0])
+        bounds = np.cumsum([0] + aligned_pieces(self.out.size, threads, 16))
+        self._chunks = list(zip(bounds[:-1], bounds[1:], strict=True))
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(len(self._chunks))
+            if len(self._chunks) > 1
+            else None
+        )
+
+    def _sum_chunk(self, chunk: tuple[int, int]) -> None:
+        lo, hi = chunk
+        out = self.out[lo:hi]
+        np.add(self.arrays[0][lo:hi], self.arrays[1][lo:hi], out=out)
+        for array in self.arrays[2:]:
+            np.add(out, array[lo:hi], out=out)
+
+    def __call__(self) -> None:
+        if self._pool is None:
+            self._sum_chunk(self._chunks[0])
+        else:
+            list(self._pool.map(self._sum_chunk, self._chunks))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+# A child process that reads `size` bytes per round from the socket and
+# answers each round with one byte; no TensorFlow, no numpy.
+_SINK_PROGRAM = """
+import socket, sys
+port, size = int(sys.argv[1]), int(sys.argv[2])
+with socket.create_connection(("127.0.0.1", port)) as s:
+    buffer = bytearray(1 << 20)
+    view = memoryview(buffer)
+    while True:
+        left = size
+        while left:
+            got = s.recv_into(view[: min(left, len(buffer))])
+            if not got:
+                sys.exit(0)
+            left -= got
+        s.sendall(b"k")
+"""
+
+
+class TcpLoopback:
+    """Times sending `num_bytes` over loopback TCP to another process.
+
+    The receiver is a plain Python child process; each call sends the bytes
+    and waits for its one-byte acknowledgement. Use as a context manager (the
+    child exits when the connection closes).
+    """
+
+    def __init__(self, num_bytes: int, timeout_seconds: float = 60.0):
+        self.num_bytes = num_bytes
+        self._payload = memoryview(bytes(max(num_bytes, 1)))[:num_bytes]
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            server.settimeout(timeout_seconds)
+            port = server.getsockname()[1]
+            self._child = subprocess.Popen(
+                [sys.executable, "-c", _SINK_PROGRAM, str(port), str(num_bytes)]
+            )
+            try:
+                self._socket, _ = server.accept()
+            except BaseException:
+                self._child.kill()
+                self._child.wait()
+                raise
+        self._socket.settimeout(timeout_seconds)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def __call__(self) -> None:
+        self._socket.sendall(self._payload)
+        if self._socket.recv(1) != b"k":
+            raise RuntimeError("the loopback receiver went away")
+
+    def close(self) -> None:
+        self._socket.close()
+        try:
+            self._child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.wait()
+
+    def __enter__(self) -> TcpLoopback:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def tcp_loopback_seconds(num_bytes: int, reps: int = 3) -> float:
+    """Median seconds to move `num_bytes` to another process over loopback.
+
+    >>> tcp_loopback_seconds(1 << 16) > 0
+    True
+    """
+    with TcpLoopback(num_bytes) as loopback:
+        loopback()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            loopback()
+            times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def ring_bytes_per_worker(num_bytes: int, num_workers: int) -> float:
+    """Bytes a ring all-reduce sends (and receives) per worker: 2(p-1)/p*S.
+
+    >>> ring_bytes_per_worker(100, 2), ring_bytes_per_worker(90, 3)
+    (100.0, 120.0)
+    """
+    return 2 * (num_workers - 1) / num_workers * num_bytes

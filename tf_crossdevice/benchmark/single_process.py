@@ -1,0 +1,255 @@
+"""Times every candidate on one process's logical CPU devices.
+
+For one workload and device count, the entries are the candidates, the
+rooflines (`tf.add_n` of the replicas' flat buffers on one device, the same
+over one piece per core, numpy in one thread and in one thread per core) and
+two baselines: "inputs only" (the step that cuts the inputs and sinks them,
+subtracted from the candidates) and "flat buffers only" (reads the flat
+buffers and sinks them, subtracted from the TensorFlow rooflines). Every
+entry is verified against numpy, warmed up, and timed in interleaved rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tf_crossdevice import testing
+from tf_crossdevice.benchmark import candidates as candidates_lib
+from tf_crossdevice.benchmark import records, roofline, steps, timing
+from tf_crossdevice.benchmark import workloads as workloads_lib
+
+INPUTS_BASELINE = "baseline: inputs only"
+FLAT_BASELINE = "baseline: flat buffers only"
+ROOFLINE_ADD_N = "roofline: tf.add_n"
+ROOFLINE_ADD_N_PER_CORE = "roofline: tf.add_n per core"
+ROOFLINE_NUMPY = "roofline: numpy"
+ROOFLINE_NUMPY_PER_CORE = "roofline: numpy per core"
+# (name, family, baseline) of the entries every group has.
+_FIXED_ENTRIES = (
+    (INPUTS_BASELINE, "baseline", None),
+    (FLAT_BASELINE, "baseline", None),
+    (ROOFLINE_ADD_N, "roofline", FLAT_BASELINE),
+    (ROOFLINE_ADD_N_PER_CORE, "roofline", FLAT_BASELINE),
+    (ROOFLINE_NUMPY, "roofline", None),
+    (ROOFLINE_NUMPY_PER_CORE, "roofline", None),
+)
+
+
+@dataclasses.dataclass
+class Config:
+    """How long and how carefully to time.
+
+    Attributes:
+        rounds: timing rounds (each entry once per round).
+        target_seconds: each measurement repeats the step about this long.
+        max_reps: at most this many steps per measurement.
+        warmup: untimed calls after verification.
+        seed: seeds the values and the round order.
+        cores: pieces for the per-core rooflines.
+    """
+
+    rounds: int = 7
+    target_seconds: float = 0.1
+    max_reps: int = 200
+    warmup: int = 2
+    seed: int = 0
+    cores: int = 2
+
+
+def units(num_candidates: int, rounds: int) -> int:
+    """Progress units `run` reports for this many candidates.
+
+    >>> units(3, 5)
+    54
+    """
+    return (num_candidates + len(_FIXED_ENTRIES)) * (1 + rounds)
+
+
+def run(
+    workload: workloads_lib.Workload,
+    num_devices: int,
+    candidates: Sequence[candidates_lib.Candidate],
+    config: Config,
+    advance: Callable[[int], object] = lambda n: None,
+    describe: Callable[[str], object] = lambda s: None,
+) -> dict[str, Any]:
+    """Verifies and times `candidates` on `num_devices` logical CPU devices.
+
+    Args:
+        workload: the tensors each replica holds.
+        num_devices: replicas, one per logical CPU device (the process must
+            have that many; see `testing.request_cpu_devices`).
+        candidates: what to compare.
+        config: rounds and timing targets.
+        advance: called with a count of finished progress units: one per
+            entry prepared and one per measurement.
+        describe: called with what is being done now.
+
+    Returns:
+        The group's record (see `records.make_group_record`).
+
+    >>> r1d = candidates_lib.Candidate(
+    ...     "TF ReductionToOneDevice", "tf", "tf_r1d")
+    >>> group = run(workloads_lib.single_tensor(64), 2, [r1d],
+    ...             Config(rounds=1, target_seconds=0.001, warmup=1))
+    >>> [(r["name"], r["verified"]) for r in group["results"]][-1]
+    ('TF ReductionToOneDevice', True)
+    >>> len(group["results"][-1]["step_seconds"]["samples"])
+    1
+    """
+    replicas = steps.Replicas(
+        workload, testing.cpu_devices(num_devices), config.seed
+    )
+    entries: list[dict[str, Any]] = [
+        {"name": name, "family": family, "baseline": baseline}
+        for name, family, baseline in _FIXED_ENTRIES
+    ]
+    entries += [
+        {
+            "name": c.name,
+            "family": c.family,
+            "baseline": INPUTS_BASELINE,
+            "candidate": c.as_dict(),
+        }
+        for c in candidates
+    ]
+    calls: dict[str, Callable[[], Any]] = {}
+    reps: dict[str, int] = {}
+    closers: list[Callable[[], None]] = []
+    for entry in entries:
+        describe(f"{workload.name} x{num_devices}: {entry['name']}")
+        build = _builder(entry, replicas, config.cores, closers)
+        prepared, call = steps.prepare(
+            build, config.warmup, verifies=entry["family"] != "baseline"
+        )
+        entry.update(prepared.as_dict())
+        if call is not None:
+            calls[entry["name"]] = call
+            reps[entry["name"]] = timing.reps_for(
+                prepared.seconds_per_call,
+                config.target_seconds,
+                config.max_reps,
+            )
+        entry["reps"] = reps.get(entry["name"], 0)
+        advance(1)
+    describe(f"{workload.name} x{num_devices}: timing {len(calls)} entries")
+    samples, errors = timing.interleaved_rounds(
+        {name: _timer(call) for name, call in calls.items()},
+        reps,
+        config.rounds,
+        seed=config.seed,
+        on_measurement=lambda name: advance(1),
+    )
+    advance((len(entries) - len(calls)) * config.rounds)
+    for entry in entries:
+        entry["samples"] = samples.get(entry["name"], [])
+        if entry["name"] in errors:
+            entry["error"] = f"while timing: {errors[entry['name']]}"
+    for close in closers:
+        close()
+    record = records.make_group_record(
+        setting="single_process",
+        workload=workload,
+        num_replicas=num_devices,
+        entries=entries,
+        rounds=config.rounds,
+    )
+    del replicas, calls
+    gc.collect()
+    return record
+
+
+def _timer(call: Callable[[], Any]) -> timing.TimeFn:
+    return lambda reps: timing.time_calls(call, reps)
+
+
+Built = tuple[Callable[[], Any], Callable[[], "str | None"]]
+
+
+def _builder(
+    entry: dict[str, Any],
+    replicas: steps.Replicas,
+    cores: int,
+    closers: list[Callable[[], None]],
+) -> Callable[[], Built]:
+    """A function that builds the entry: (timed call, check)."""
+    name = entry["name"]
+
+    def build() -> Built:
+        if name == INPUTS_BASELINE:
+            pair = steps.StepPair(
+                lambda: [list(v.values) for v in replicas.values()]
+            )
+            return pair.timed, lambda: replicas.check_inputs(pair)
+        if name == FLAT_BASELINE:
+            pair = steps.StepPair(lambda: [replicas.flats()])
+            return pair.timed, lambda: None
+        if entry["family"] == "roofline":
+            return _build_roofline(name, replicas, cores, closers)
+        candidate = candidates_lib.Candidate.from_dict(entry["candidate"])
+        reduce_fn = candidates_lib.build(candidate, replicas.devices)
+
+        def body() -> steps.Results:
+            return [list(v.values) for v in reduce_fn(replicas.values())]
+
+        pair = steps.StepPair(body)
+        return pair.timed, lambda: replicas.check(pair.results(), pair.devices)
+
+    return build
+
+
+def _build_roofline(
+    name: str,
+    replicas: steps.Replicas,
+    cores: int,
+    closers: list[Callable[[], None]],
+) -> Built:
+    expected = replicas.expected
+    devices = replicas.devices
+    if name == ROOFLINE_ADD_N:
+
+        def add_n() -> steps.Results:
+            flats = replicas.flats()
+            with tf.device(devices[0]):
+                return [[tf.add_n(flats)]]
+
+        pair = steps.StepPair(add_n)
+        return pair.timed, lambda: steps.mismatch(
+            np.asarray(pair.results()[0][0]), expected
+        )
+    if name == ROOFLINE_ADD_N_PER_CORE:
+        pieces = roofline.aligned_pieces(
+            replicas.layout.total_elements, cores, workloads_lib.ALIGN_ELEMENTS
+        )
+
+        def add_n_per_core() -> steps.Results:
+            split = []
+            for flat, device in zip(replicas.flats(), devices, strict=True):
+                with tf.device(device):
+                    split.append(tf.split(flat, pieces))
+            sums = []
+            for c in range(len(pieces)):
+                with tf.device(devices[c % len(devices)]):
+                    sums.append(tf.add_n([s[c] for s in split]))
+            return [sums]
+
+        pair = steps.StepPair(add_n_per_core)
+        return pair.timed, lambda: steps.mismatch(
+            np.concatenate([np.asarray(t) for t in pair.results()[0]]),
+            expected,
+        )
+    arrays = [np.asarray(v.value()) for v in replicas.variables]
+    summer = roofline.NumpySum(arrays, 1 if name == ROOFLINE_NUMPY else cores)
+    closers.append(summer.close)
+
+    def check() -> str | None:
+        summer()
+        return steps.mismatch(summer.out, expected)
+
+    return summer, check

@@ -5,6 +5,8 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tf_crossdevice
 from tests import contract
@@ -83,6 +85,35 @@ def test_every_algorithm_matches_numpy(alg, shards, num_devices):
             np.testing.assert_array_equal(
                 t.numpy().astype(np.float64), want, err_msg=f"{dtype} {size}"
             )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    alg=st.sampled_from(ALGORITHMS),
+    shards=st.integers(1, 3),
+    num_devices=st.integers(1, 8),
+    length=st.integers(1, 50),
+    dtype=st.sampled_from([tf.int32, tf.int64]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_exact_on_random_integer_tensors(
+    alg, shards, num_devices, length, dtype, seed
+):
+    """Any algorithm, shards, devices and length: integer sums are exact."""
+    devices = tf_crossdevice.testing.cpu_devices(num_devices)
+    limit = 2**20 if dtype == tf.int32 else 2**40  # No overflow for n <= 8.
+    rng = np.random.default_rng(seed)
+    arrays = [rng.integers(-limit, limit, size=length) for _ in devices]
+    tensors = []
+    for a, d in zip(arrays, devices, strict=True):
+        with tf.device(d):
+            tensors.append(tf.constant(a, dtype))
+    out = by_spec.spec_all_reduce(
+        tensors, alg, shards, groups=fake_workers(num_devices)
+    )
+    want = np.sum(arrays, axis=0)
+    for t in out:
+        np.testing.assert_array_equal(t.numpy(), want)
 
 
 @pytest.mark.parametrize("alg", ALGORITHMS)

@@ -152,7 +152,7 @@ def test_quick_run_json_has_every_figure_and_every_result_verified(quick_run):
             if not group["workload"].startswith("sweep_"):
                 # Every result has its row (the sweep shows the best ones).
                 assert result["name"].removeprefix("ours ") in process.stdout
-    assert families == {"ours", "tf", "roofline"}
+    assert families == {"ours", "tf", "roofline", "bound"}
     assert document["targets"]
     for target in document["targets"]:
         assert {"name", "measured", "threshold", "met", "note"} <= set(target)
@@ -197,7 +197,7 @@ def test_check_accepts_a_correct_all_reduce(num_devices):
             )
         ]
     )
-    assert replicas.check(pair.results(), pair.devices) is None
+    assert pair.verify(replicas.check) is None
     # The expected sum is numpy's, from the same seeds.
     want = sum(
         workloads.replica_data(replicas.layout, 7, "test", r)
@@ -254,7 +254,7 @@ def test_wrong_results_are_not_timed(make_body, message):
     prepared, call = steps.prepare(
         lambda: (
             pair.timed,
-            lambda: replicas.check(pair.results(), pair.devices),
+            lambda: pair.verify(replicas.check),
         ),
         warmup=1,
     )

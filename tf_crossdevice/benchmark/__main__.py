@@ -19,7 +19,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -127,6 +127,13 @@ def define_flags() -> None:
         "The longest one multi-worker command may take.",
         lower_bound=1,
     )
+    flags.DEFINE_float(
+        "max_memory_gib",
+        12.0,
+        "Leave out single-process groups whose estimated peak memory "
+        "(single_process.estimated_peak_bytes) is above this.",
+        lower_bound=0,
+    )
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
 
 
@@ -186,7 +193,14 @@ def _machine() -> str:
     )
 
 
-def _failed_group(setting: str, workload: Any, n: int, error: str) -> dict:
+def _failed_group(
+    setting: str,
+    workload: Any,
+    n: int,
+    error: str | None = None,
+    skipped: str | None = None,
+) -> dict[str, Any]:
+    """The record of a group that did not run (error) or was left out."""
     return {
         "setting": setting,
         "workload": workload.name,
@@ -197,6 +211,7 @@ def _failed_group(setting: str, workload: Any, n: int, error: str) -> dict:
         "count": workload.num_elements,
         "dtype": workload.dtype,
         "error": error,
+        "skipped": skipped,
         "roofline": None,
         "roofline_seconds": None,
         "tf_best": None,
@@ -206,6 +221,132 @@ def _failed_group(setting: str, workload: Any, n: int, error: str) -> dict:
         "baselines": {},
         "results": [],
     }
+
+
+def _plan(candidates_lib: Any, workloads: Any, devices: list[int]):
+    """(workload, devices, candidates) of every single-process group."""
+    single = []
+    for name in FLAGS.workloads:
+        if name == "sweep":
+            single += workloads.sweep(
+                FLAGS.sweep_min_bytes, FLAGS.sweep_max_bytes, FLAGS.sweep_step
+            )
+        else:
+            single.append(_workload(name, "workloads"))
+    return [
+        (
+            w,
+            n,
+            _filtered(candidates_lib.single_process_candidates(w, FLAGS.quick)),
+        )
+        for w in single
+        for n in devices
+    ]
+
+
+def _run_single_process(
+    plan: list[Any],
+    config: Any,
+    bar: Any,
+    describe: Callable[[str], None],
+    groups: list[dict[str, Any]],
+    save: Callable[[], None],
+) -> None:
+    """Runs each planned group in its own process; failures become records."""
+    from tf_crossdevice.benchmark import single_process
+
+    for workload, n, candidates in plan:
+        units = single_process.units(
+            len(candidates), config.rounds, workload.num_tensors
+        )
+        need = single_process.estimated_peak_bytes(workload, n)
+        if need > FLAGS.max_memory_gib * 2**30:
+            groups.append(
+                _failed_group(
+                    "single_process",
+                    workload,
+                    n,
+                    skipped=f"needs about {need / 2**30:.1f} GiB "
+                    f"(over --max_memory_gib={FLAGS.max_memory_gib:g})",
+                )
+            )
+            bar.update(units)
+            continue
+        done = [0]
+
+        def advance(count: int, done: list[int] = done) -> None:
+            done[0] += count
+            bar.update(count)
+
+        try:
+            groups.append(
+                single_process.run_in_child(
+                    workload,
+                    n,
+                    candidates,
+                    config,
+                    advance,
+                    describe,
+                    timeout_seconds=FLAGS.timeout_seconds,
+                )
+            )
+        except Exception as e:  # noqa: BLE001 - reported in the table.
+            groups.append(
+                _failed_group(
+                    "single_process",
+                    workload,
+                    n,
+                    error=f"{type(e).__name__}: {e}",
+                )
+            )
+            bar.update(max(units - done[0], 0))
+        save()
+
+
+def _run_multi_worker(
+    mw_workloads: list[Any],
+    workers: list[int],
+    config: Any,
+    bar: Any,
+    describe: Callable[[str], None],
+    groups: list[dict[str, Any]],
+    save: Callable[[], None],
+) -> None:
+    """Runs the multi-worker groups; a setup failure fails that p's groups."""
+    from tf_crossdevice.benchmark import multi_worker
+
+    for p in workers:
+        try:
+            groups += multi_worker.run(
+                mw_workloads,
+                p,
+                config,
+                FLAGS.quick,
+                timeout_seconds=FLAGS.timeout_seconds,
+                advance=bar.update,
+                describe=describe,
+                candidate_filter=_filtered,
+            )
+        except Exception as e:  # noqa: BLE001 - reported in the table.
+            error = f"{type(e).__name__}: {e}"
+            groups += [
+                _failed_group("multi_worker", w, p, error=error)
+                for w in mw_workloads
+            ]
+        save()
+
+
+def _failures(groups: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"{g['workload']} x{g['num_replicas']}: {g['error']}"
+        for g in groups
+        if g.get("error")
+    ] + [
+        f"{g['workload']} x{g['num_replicas']}: {r['name']}: {r['error']}"
+        for g in groups
+        for r in g["results"]
+        if not r["verified"] or r["error"]
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -228,12 +369,6 @@ def main(argv: list[str]) -> int:
                 f"{', '.join(WORKLOADS)}"
             )
 
-    # Logical devices must exist before TensorFlow initialises, and building
-    # ResNet-50 initialises it.
-    from tf_crossdevice import testing
-
-    testing.request_cpu_devices(max(devices, default=2))
-
     import tqdm  # type: ignore[import-untyped]
 
     from tf_crossdevice.benchmark import candidates as candidates_lib
@@ -246,7 +381,7 @@ def main(argv: list[str]) -> int:
 
     started = time.time()
     command = "python -m tf_crossdevice.benchmark " + shlex.join(sys.argv[1:])
-    meta = {
+    meta: dict[str, Any] = {
         "command": command.strip(),
         "machine": _machine(),
         "quick": FLAGS.quick,
@@ -258,38 +393,32 @@ def main(argv: list[str]) -> int:
         seed=FLAGS.seed,
         cores=os.cpu_count() or 1,
     )
-    single_workloads = []
-    for name in FLAGS.workloads:
-        if name == "sweep":
-            single_workloads += workloads.sweep(
-                FLAGS.sweep_min_bytes, FLAGS.sweep_max_bytes, FLAGS.sweep_step
-            )
-        else:
-            single_workloads.append(_workload(name, "workloads"))
+    plan = _plan(candidates_lib, workloads, devices)
     mw_workloads = [
         _workload(name, "multi_worker_workloads")
         for name in FLAGS.multi_worker_workloads
     ]
-    plan = [
-        (
-            w,
-            n,
-            _filtered(candidates_lib.single_process_candidates(w, FLAGS.quick)),
+    total = sum(
+        single_process.units(len(c), config.rounds, w.num_tensors)
+        for w, _, c in plan
+    )
+    for w in mw_workloads:
+        count = len(
+            _filtered(candidates_lib.multi_worker_candidates(w, FLAGS.quick))
         )
-        for w in single_workloads
-        for n in devices
-    ]
-    total = sum(single_process.units(len(c), config.rounds) for *_, c in plan)
-    for _ in workers:
-        for w in mw_workloads:
-            count = len(
-                _filtered(
-                    candidates_lib.multi_worker_candidates(w, FLAGS.quick)
-                )
-            )
-            total += multi_worker.units(count, config.rounds)
+        total += len(workers) * multi_worker.units(count, config.rounds)
 
-    groups = []
+    output = pathlib.Path(FLAGS.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    groups: list[dict[str, Any]] = []
+
+    def save_partial() -> None:
+        # A long run that dies keeps what it measured.
+        report.write_json(
+            output / "results.json",
+            {"meta": {**meta, "partial": True}, "groups": groups},
+        )
+
     with tqdm.tqdm(
         total=total,
         file=sys.stderr,
@@ -301,30 +430,10 @@ def main(argv: list[str]) -> int:
         def describe(text: str) -> None:
             bar.set_postfix_str(text[:70], refresh=True)
 
-        for workload, n, candidates in plan:
-            groups.append(
-                single_process.run(
-                    workload, n, candidates, config, bar.update, describe
-                )
-            )
-        for p in workers:
-            try:
-                groups += multi_worker.run(
-                    mw_workloads,
-                    p,
-                    config,
-                    FLAGS.quick,
-                    timeout_seconds=FLAGS.timeout_seconds,
-                    advance=bar.update,
-                    describe=describe,
-                    candidate_filter=_filtered,
-                )
-            except Exception as e:  # noqa: BLE001 - reported in the table.
-                error = f"{type(e).__name__}: {e}"
-                groups += [
-                    _failed_group("multi_worker", w, p, error)
-                    for w in mw_workloads
-                ]
+        _run_single_process(plan, config, bar, describe, groups, save_partial)
+        _run_multi_worker(
+            mw_workloads, workers, config, bar, describe, groups, save_partial
+        )
 
     met = report.targets(groups)
     meta["seconds"] = time.time() - started
@@ -343,22 +452,11 @@ def main(argv: list[str]) -> int:
     )
     table += f"\n# finished in {meta['seconds']:.0f} s"
     print(table, flush=True)
-    output = pathlib.Path(FLAGS.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
     (output / "results.txt").write_text(table + "\n")
     report.write_json(output / "results.json", document)
     report.write_plot(output / "time_vs_size.png", groups)
     print(f"# wrote {output}/results.txt, results.json, time_vs_size.png")
-    failed = [
-        f"{g['workload']} x{g['num_replicas']}: {g['error']}"
-        for g in groups
-        if g.get("error")
-    ] + [
-        f"{g['workload']} x{g['num_replicas']}: {r['name']}: {r['error']}"
-        for g in groups
-        for r in g["results"]
-        if not r["verified"] or r["error"]
-    ]
+    failed = _failures(groups)
     if failed:
         print(
             f"{len(failed)} failure(s):\n  " + "\n  ".join(failed),

@@ -127,6 +127,7 @@ def make_group_record(
         "dtype": workload.dtype,
         "rounds": rounds,
         "error": None,
+        "skipped": None,
         "roofline": roof["name"] if roof else None,
         "roofline_seconds": roof["time_seconds"] if roof else None,
         "tf_best": tf_best["name"] if tf_best else None,
@@ -137,3 +138,106 @@ def make_group_record(
         "results": results,
         **(extra or {}),
     }
+
+
+def finalists(record: dict[str, Any], also: Sequence[str] = ()) -> list[str]:
+    """The entries a confirmation re-times, with the baselines they need.
+
+    The best of each family (ours, TF's, roofline, bound) is the minimum
+    over noisy medians, and the family with more candidates gets the
+    luckier minimum. Timing the chosen few again, side by side, gives
+    figures free of that selection bias. `also` adds entries the targets
+    compare against (e.g. "TF ReductionToOneDevice").
+
+    >>> record = {"ours_best": "a", "tf_best": "b", "roofline": None,
+    ...           "results": [
+    ...     {"name": "a", "family": "ours", "baseline": "base"},
+    ...     {"name": "b", "family": "tf", "baseline": "base"},
+    ...     {"name": "c", "family": "tf", "baseline": "base"}]}
+    >>> finalists(record, also=["c", "missing"])
+    ['a', 'b', 'c', 'base']
+    """
+    by_name = {r["name"]: r for r in record["results"]}
+    bound = [
+        r["name"]
+        for r in record["results"]
+        if r["family"] == "bound" and r.get("time_seconds") is not None
+    ]
+    chosen = [record["ours_best"], record["tf_best"], record["roofline"]]
+    names = [n for n in [*chosen, *bound, *also] if n in by_name]
+    names = list(dict.fromkeys(names))
+    baselines = [
+        by_name[n]["baseline"] for n in names if by_name[n]["baseline"]
+    ]
+    return names + list(dict.fromkeys(baselines))
+
+
+def add_confirmation(
+    record: dict[str, Any],
+    samples: dict[str, list[float]],
+    errors: dict[str, str],
+    roofline_time: Callable[[float], float] | None = None,
+) -> None:
+    """Stores the finalists' re-timed figures as `record["confirmed"]`.
+
+    Times are net of their baselines from the same confirmation rounds.
+    `confirmed["times"]` maps each finalist to its net seconds (None:
+    within noise, or it failed this time); the ratios use those times.
+
+    >>> record = {"ours_best": "a", "tf_best": "b", "roofline": "r",
+    ...           "results": [
+    ...     {"name": "a", "family": "ours", "baseline": "base"},
+    ...     {"name": "b", "family": "tf", "baseline": "base"},
+    ...     {"name": "r", "family": "roofline", "baseline": None}]}
+    >>> add_confirmation(record, {"a": [3.0], "b": [5.0], "r": [1.0],
+    ...                           "base": [1.0]}, {})
+    >>> c = record["confirmed"]
+    >>> c["times"], c["ratio_to_tf_best"], c["roofline_fraction"]
+    ({'a': 2.0, 'b': 4.0, 'r': 1.0}, 2.0, 0.5)
+    """
+    medians = {
+        name: timing.summarize(values).median
+        for name, values in samples.items()
+        if values and name not in errors
+    }
+    times: dict[str, float | None] = {}
+    for r in record["results"]:
+        name = r["name"]
+        if name not in samples:
+            continue
+        net = None
+        base = r["baseline"]
+        if name in medians and (base is None or base in medians):
+            net = medians[name] - (medians[base] if base else 0.0)
+            if net <= 0:
+                net = None
+        if net is not None and r["family"] == "roofline" and roofline_time:
+            net = roofline_time(net)
+        times[name] = net
+    ours = times.get(record["ours_best"])
+    tf_best = times.get(record["tf_best"])
+    roof = times.get(record["roofline"])
+    record["confirmed"] = {
+        "rounds": max((len(v) for v in samples.values()), default=0),
+        "times": times,
+        "samples": samples,
+        "errors": errors,
+        "ratio_to_tf_best": tf_best / ours if tf_best and ours else None,
+        "roofline_fraction": roof / ours if roof and ours else None,
+    }
+
+
+def confirmed_time(group: dict[str, Any], name: str | None) -> float | None:
+    """`name`'s net time from the confirmation rounds, else from the rounds.
+
+    >>> confirmed_time({"confirmed": {"times": {"a": 2.0}}, "results": []},
+    ...                "a")
+    2.0
+    """
+    confirmed = group.get("confirmed") or {}
+    if name in confirmed.get("times", {}):
+        return confirmed["times"][name]
+    result = next((r for r in group["results"] if r["name"] == name), None)
+    if result is None or not result["verified"] or result["error"]:
+        return None
+    return result["time_seconds"]

@@ -11,8 +11,11 @@ entry is verified against numpy, warmed up, and timed in interleaved rounds.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import gc
+import json
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +24,13 @@ import tensorflow as tf
 
 from tf_crossdevice import testing
 from tf_crossdevice.benchmark import candidates as candidates_lib
-from tf_crossdevice.benchmark import records, roofline, steps, timing
+from tf_crossdevice.benchmark import (
+    records,
+    roofline,
+    steps,
+    subprocesses,
+    timing,
+)
 from tf_crossdevice.benchmark import workloads as workloads_lib
 
 INPUTS_BASELINE = "baseline: inputs only"
@@ -30,6 +39,17 @@ ROOFLINE_ADD_N = "roofline: tf.add_n"
 ROOFLINE_ADD_N_PER_CORE = "roofline: tf.add_n per core"
 ROOFLINE_NUMPY = "roofline: numpy"
 ROOFLINE_NUMPY_PER_CORE = "roofline: numpy per core"
+# The many-small targets compare against these; the confirmation rounds
+# re-time them with the best of each family (records.finalists).
+TARGET_REFERENCES = (
+    "TF ReductionToOneDevice",
+    "TF HierarchicalCopy num_packs=1",
+)
+# Best ours, TF's and roofline, a bound, the references, two baselines.
+MAX_FINALISTS = 8
+# What every packing algorithm does on each device besides moving and
+# summing: concatenate the tensors and split the result back into them.
+PACK_UNPACK_BOUND = "bound: pack + unpack on each device, no transfer or sum"
 # (name, family, baseline) of the entries every group has.
 _FIXED_ENTRIES = (
     (INPUTS_BASELINE, "baseline", None),
@@ -62,13 +82,29 @@ class Config:
     cores: int = 2
 
 
-def units(num_candidates: int, rounds: int) -> int:
+def estimated_peak_bytes(workload: workloads_lib.Workload, n: int) -> int:
+    """About how much memory a group's process needs at its peak.
+
+    Measured with every candidate on this repository's machine (TF 2.21,
+    one 64 MiB tensor): 0.6 GB plus 5 n times the workload's bytes (the
+    inputs, every device's results, the algorithms' intermediates, numpy's
+    buffers and what the allocators keep).
+
+    >>> round(estimated_peak_bytes(workloads_lib.single_tensor(1 << 30), 4)
+    ...       / 2**30, 1)
+    20.6
+    """
+    return int(0.6e9 + 5 * n * workload.num_bytes)
+
+
+def units(num_candidates: int, rounds: int, num_tensors: int = 1) -> int:
     """Progress units `run` reports for this many candidates.
 
-    >>> units(3, 5)
-    54
+    >>> units(3, 5), units(3, 5, num_tensors=2)
+    (94, 100)
     """
-    return (num_candidates + len(_FIXED_ENTRIES)) * (1 + rounds)
+    fixed = len(_FIXED_ENTRIES) + (num_tensors > 1)
+    return (num_candidates + fixed) * (1 + rounds) + MAX_FINALISTS * rounds
 
 
 def run(
@@ -110,6 +146,14 @@ def run(
         {"name": name, "family": family, "baseline": baseline}
         for name, family, baseline in _FIXED_ENTRIES
     ]
+    if workload.num_tensors > 1:
+        entries.append(
+            {
+                "name": PACK_UNPACK_BOUND,
+                "family": "bound",
+                "baseline": INPUTS_BASELINE,
+            }
+        )
     entries += [
         {
             "name": c.name,
@@ -151,8 +195,6 @@ def run(
         entry["samples"] = samples.get(entry["name"], [])
         if entry["name"] in errors:
             entry["error"] = f"while timing: {errors[entry['name']]}"
-    for close in closers:
-        close()
     record = records.make_group_record(
         setting="single_process",
         workload=workload,
@@ -160,6 +202,23 @@ def run(
         entries=entries,
         rounds=config.rounds,
     )
+    names = [
+        n
+        for n in records.finalists(record, TARGET_REFERENCES)
+        if n in calls and n not in errors
+    ][:MAX_FINALISTS]
+    describe(f"{workload.name} x{num_devices}: confirming {len(names)}")
+    confirm, confirm_errors = timing.interleaved_rounds(
+        {name: _timer(calls[name]) for name in names},
+        reps,
+        config.rounds,
+        seed=config.seed + 1,
+        on_measurement=lambda name: advance(1),
+    )
+    advance((MAX_FINALISTS - len(names)) * config.rounds)
+    records.add_confirmation(record, confirm, confirm_errors)
+    for close in closers:
+        close()
     del replicas, calls
     gc.collect()
     return record
@@ -186,12 +245,15 @@ def _builder(
             pair = steps.StepPair(
                 lambda: [list(v.values) for v in replicas.values()]
             )
-            return pair.timed, lambda: replicas.check_inputs(pair)
+            return pair.timed, lambda: pair.verify(replicas.check_inputs)
         if name == FLAT_BASELINE:
             pair = steps.StepPair(lambda: [replicas.flats()])
             return pair.timed, lambda: None
         if entry["family"] == "roofline":
             return _build_roofline(name, replicas, cores, closers)
+        if name == PACK_UNPACK_BOUND:
+            pair = steps.StepPair(lambda: _pack_unpack(replicas))
+            return pair.timed, lambda: pair.verify(replicas.check_inputs)
         candidate = candidates_lib.Candidate.from_dict(entry["candidate"])
         reduce_fn = candidates_lib.build(candidate, replicas.devices)
 
@@ -199,9 +261,29 @@ def _builder(
             return [list(v.values) for v in reduce_fn(replicas.values())]
 
         pair = steps.StepPair(body)
-        return pair.timed, lambda: replicas.check(pair.results(), pair.devices)
+        return pair.timed, lambda: pair.verify(replicas.check)
 
     return build
+
+
+def _pack_unpack(replicas: steps.Replicas) -> steps.Results:
+    """Each device's tensors concatenated and split back (a lower bound)."""
+    shapes = replicas.layout.shapes
+    sizes = list(replicas.layout.sizes)
+    per_device = []
+    for i, device in enumerate(replicas.devices):
+        tensors = replicas.tensors(i)
+        with tf.device(device):
+            flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
+            per_device.append(
+                [
+                    tf.reshape(piece, shape)
+                    for piece, shape in zip(
+                        tf.split(flat, sizes), shapes, strict=True
+                    )
+                ]
+            )
+    return [list(column) for column in zip(*per_device, strict=True)]
 
 
 def _build_roofline(
@@ -220,8 +302,10 @@ def _build_roofline(
                 return [[tf.add_n(flats)]]
 
         pair = steps.StepPair(add_n)
-        return pair.timed, lambda: steps.mismatch(
-            np.asarray(pair.results()[0][0]), expected
+        return pair.timed, lambda: pair.verify(
+            lambda results, _: steps.mismatch(
+                np.asarray(results[0][0]), expected
+            )
         )
     if name == ROOFLINE_ADD_N_PER_CORE:
         pieces = roofline.aligned_pieces(
@@ -240,9 +324,11 @@ def _build_roofline(
             return [sums]
 
         pair = steps.StepPair(add_n_per_core)
-        return pair.timed, lambda: steps.mismatch(
-            np.concatenate([np.asarray(t) for t in pair.results()[0]]),
-            expected,
+        return pair.timed, lambda: pair.verify(
+            lambda results, _: steps.mismatch(
+                np.concatenate([np.asarray(t) for t in results[0]]),
+                expected,
+            )
         )
     arrays = [np.asarray(v.value()) for v in replicas.variables]
     summer = roofline.NumpySum(arrays, 1 if name == ROOFLINE_NUMPY else cores)
@@ -253,3 +339,122 @@ def _build_roofline(
         return steps.mismatch(summer.out, expected)
 
     return summer, check
+
+
+# ---- One group in a process of its own --------------------------------------
+
+_MODULE = "tf_crossdevice.benchmark.single_process"
+
+
+def run_in_child(
+    workload: workloads_lib.Workload,
+    num_devices: int,
+    candidates: Sequence[candidates_lib.Candidate],
+    config: Config,
+    advance: Callable[[int], object] = lambda n: None,
+    describe: Callable[[str], object] = lambda s: None,
+    timeout_seconds: float = 900.0,
+) -> dict[str, Any]:
+    """`run` in a fresh process with `num_devices` logical CPU devices.
+
+    The process's memory high-water mark (allocators keep what they once
+    had) and any crash stay with that group. Arguments as for `run`.
+
+    Args:
+        timeout_seconds: the longest the child may stay silent (it reports
+            progress after every entry and measurement).
+
+    Returns:
+        The group's record, with `peak_rss_bytes` of the child.
+
+    Raises:
+        subprocesses.ChildError: the child died, failed or went silent.
+
+    >>> r1d = candidates_lib.Candidate(
+    ...     "TF ReductionToOneDevice", "tf", "tf_r1d")
+    >>> group = run_in_child(workloads_lib.single_tensor(64), 3, [r1d],
+    ...                      Config(rounds=1, target_seconds=0.001))
+    >>> group["num_replicas"], group["results"][-1]["verified"]
+    (3, True)
+    """
+    child = subprocesses.Child(
+        f"{workload.name} x{num_devices}",
+        subprocesses.module_argv(_MODULE),
+        subprocesses.child_env({}),
+    )
+    try:
+        child.send(
+            {
+                "workload": {
+                    "name": workload.name,
+                    "shapes": [list(s) for s in workload.shapes],
+                    "description": workload.description,
+                },
+                "num_devices": num_devices,
+                "candidates": [c.as_dict() for c in candidates],
+                "config": dataclasses.asdict(config),
+            }
+        )
+        while True:
+            message = child.receive(timeout_seconds)
+            if "advance" in message:
+                advance(message["advance"])
+            elif "describe" in message:
+                describe(message["describe"])
+            elif "record" in message:
+                return message["record"]
+            else:
+                raise subprocesses.ChildError(
+                    f"{child.name}: {message.get('error', message)}"
+                )
+    finally:
+        child.stop()
+
+
+def _peak_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _child_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=run_in_child.__doc__)
+    parser.add_argument("--parent_pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    subprocesses.exit_when_parent_goes(args.parent_pid)
+    job = json.loads(sys.stdin.readline() or "null")
+    if job is None:
+        return 0
+    try:
+        testing.request_cpu_devices(job["num_devices"])
+        spec = job["workload"]
+        workload = workloads_lib.Workload(
+            spec["name"],
+            tuple(tuple(s) for s in spec["shapes"]),
+            spec["description"],
+        )
+        record = run(
+            workload,
+            job["num_devices"],
+            [candidates_lib.Candidate.from_dict(c) for c in job["candidates"]],
+            Config(**job["config"]),
+            advance=lambda n: subprocesses.reply({"advance": n}),
+            describe=lambda text: subprocesses.reply({"describe": text}),
+        )
+    except Exception as e:  # noqa: BLE001 - sent to the parent.
+        subprocesses.reply(
+            {"error": f"{type(e).__name__}: {timing.first_line(str(e))}"}
+        )
+        return 1
+    record["peak_rss_bytes"] = _peak_rss_bytes()
+    subprocesses.reply({"record": record})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

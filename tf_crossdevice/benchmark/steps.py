@@ -15,7 +15,7 @@ are compared with numpy's sum before anything is timed.
 ...         summed = [tf.add_n(list(v.values)) for v in replicas.values()]
 ...     return [[s] * 2 for s in summed]
 >>> pair = StepPair(body)
->>> replicas.check(pair.results(), pair.devices)
+>>> pair.verify(replicas.check)
 'value 0 replica 1: result on /job:localhost/replica:0/task:0/device:CPU:0, expected /job:localhost/replica:0/task:0/device:CPU:1'
 >>> int(pair.timed())
 0
@@ -208,13 +208,17 @@ class Replicas:
                     return f"value {k} replica {d}: {problem}"
         return None
 
-    def check_inputs(self, pair: StepPair) -> str | None:
-        """None if `pair` (inputs only) hands out exactly the replicas' data."""
-        results = pair.results()
+    def check_inputs(
+        self, results: Sequence[Sequence[Any]], devices: Sequence[Sequence[str]]
+    ) -> str | None:
+        """None if `results[k][d]` is exactly replica d's value k, on d.
+
+        For steps that hand out their inputs (baselines, pack + unpack).
+        """
         for d, variable in enumerate(self.variables):
             views = self.layout.views(np.asarray(variable.value()))
             for k, want in enumerate(views):
-                device = canonical(pair.devices[k][d])
+                device = canonical(devices[k][d])
                 if device != self.devices[d]:
                     return f"input {k} of replica {d} is on {device}"
                 problem = mismatch(np.asarray(results[k][d]), want)
@@ -244,11 +248,12 @@ def mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
 class StepPair:
     """Two traces of one step body: one returns the results, one sinks them.
 
-    `body` returns `results[k][d]`, value k's sum on replica d. `results()`
-    returns them as eager tensors, and `devices` then holds where the step
-    placed each one (the eager outputs of a multi-device function do not
-    say where they were computed). `timed()` runs the same body and sinks
-    the results on their devices.
+    `body` returns `results[k][d]`, value k's sum on replica d. `verify`
+    runs the first trace once and hands its results (eager tensors) and
+    where the step placed each one (eager outputs of a multi-device function
+    do not say where they were computed) to a check; then it lets go of
+    that trace. `timed()` runs the same body and sinks the results on their
+    devices.
 
     Tracing twice costs time, but each trace is then an ordinary
     `tf.function`, exactly what a user's training step would build; calling
@@ -270,8 +275,23 @@ class StepPair:
         def timed() -> tf.Tensor:
             return sink([t for per_device in body() for t in per_device])
 
-        self.results = results
+        self._results: Callable[[], Results] | None = results
         self.timed = timed
+
+    def verify(
+        self, check: Callable[[Results, list[list[str]]], str | None]
+    ) -> str | None:
+        """Runs the results trace once and returns `check(results, devices)`.
+
+        The trace is dropped afterwards: a process that prepares dozens of
+        candidates would otherwise keep every one of them instantiated.
+        """
+        if self._results is None:
+            raise RuntimeError("verify: this step was verified already")
+        try:
+            return check(self._results(), self.devices)
+        finally:
+            self._results = None
 
 
 @dataclasses.dataclass

@@ -1,0 +1,198 @@
+"""Child processes that speak one JSON object per line.
+
+The benchmark runs each single-process group in a fresh process (its memory
+high-water mark and any crash stay there) and the multi-worker sides in
+processes of their own. A parent writes commands to a child's stdin; the
+child answers on stdout with lines starting with `MARK` (anything else a
+child prints, TensorFlow's chatter included, is ignored). A child exits at
+end of input or when its parent dies; `Child.stop` kills its process group.
+
+>>> child = Child("echo", [sys.executable, "-c",
+...     "import sys; print(sys.argv[1] + sys.stdin.readline(), flush=True)",
+...     MARK], child_env({}))
+>>> child.send({"hello": 1})
+>>> child.receive(timeout=60)
+{'hello': 1}
+>>> child.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import IO, Any
+
+MARK = "@@tf_crossdevice.benchmark "
+_STOP_GRACE_SECONDS = 5.0
+_STDERR_TAIL_CHARS = 3000
+# The directory holding the `tf_crossdevice` package, so that children can
+# import it even when it is not installed.
+_PACKAGE_PARENT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+
+
+class ChildError(RuntimeError):
+    """A child process failed, answered with an error, or did not answer."""
+
+
+class Child:
+    """One child process speaking the JSON-lines protocol.
+
+    Args:
+        name: names the child in errors.
+        argv: its command line.
+        env: its environment (see `child_env`).
+    """
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]):
+        self.name = name
+        # Read with os.pread on failure; nothing stays on disk.
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # Its own process group, to kill.
+        )
+        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith(MARK):
+                self._lines.put(json.loads(line[len(MARK) :]))
+        self._lines.put(None)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Writes one command line.
+
+        Raises:
+            ChildError: the child is gone.
+        """
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+        except OSError as e:
+            raise ChildError(
+                f"{self.name}: cannot send: {e}; {self.stderr_tail()}"
+            ) from e
+
+    def receive(self, timeout: float) -> dict[str, Any]:
+        """The child's next answer.
+
+        Raises:
+            ChildError: nothing came within `timeout` seconds, or the child
+                exited (the message has its exit status and stderr tail).
+        """
+        try:
+            message = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise ChildError(
+                f"{self.name}: no answer within {timeout:.0f} s"
+            ) from None
+        if message is None:
+            self.process.wait()
+            code = self.process.returncode
+            how = (
+                f"was killed by {signal.Signals(-code).name}"
+                if code < 0
+                else f"exited with code {code}"
+            )
+            raise ChildError(f"{self.name} {how}; {self.stderr_tail()}")
+        return message
+
+    def stderr_tail(self) -> str:
+        if self._stderr.closed:
+            return "stderr closed"
+        fd = self._stderr.fileno()
+        size = os.fstat(fd).st_size
+        start = max(0, size - _STDERR_TAIL_CHARS)
+        text = os.pread(fd, size - start, start).decode(errors="replace")
+        return "stderr tail:\n" + (text.strip() or "<empty>")
+
+    def stop(self) -> None:
+        """EOF on stdin, SIGTERM, grace period, SIGKILL, reap."""
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        _signal_group(self.process, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=_STOP_GRACE_SECONDS)
+        _signal_group(self.process, signal.SIGKILL)
+        self.process.wait()
+        self._stderr.close()
+
+
+def _signal_group(process: subprocess.Popen[str], sig: int) -> None:
+    # Only while unreaped: then the pid still names our process group.
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment, quieter, with the package importable."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p
+    )
+    env.update(extra)
+    return env
+
+
+def module_argv(module: str, *args: str) -> list[str]:
+    """`python -m module args... --parent_pid=<this process>`."""
+    return [
+        sys.executable,
+        "-m",
+        module,
+        *args,
+        f"--parent_pid={os.getpid()}",
+    ]
+
+
+# ---- The child's side ------------------------------------------------------
+
+
+def reply(message: dict[str, Any]) -> None:
+    """Sends one answer to the parent."""
+    sys.stdout.write(MARK + json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def exit_when_parent_goes(parent_pid: int) -> None:
+    """Ends this process as soon as its parent is no longer `parent_pid`."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def commands() -> Iterator[dict[str, Any]]:
+    """The parent's commands, until end of input."""
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return
+        if line.strip():
+            yield json.loads(line)

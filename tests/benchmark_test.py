@@ -174,6 +174,16 @@ def test_quick_run_writes_a_png(quick_run):
         .read_text()
         .startswith("# tf_crossdevice benchmark")
     )
+    summary = (output / "results.md").read_text().splitlines()
+    assert summary[0].startswith("| workload | setting |")
+    # One row per non-sweep group: resnet50[:24], many_small[32], 2 workers.
+    rows = [line for line in summary[2:] if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| resnet50[:24]",
+        "| many_small[32]",
+        "| resnet50[:24]",
+    ]
+    assert "Targets:" in summary
 
 
 # ---- Fast tests: what makes a number right ---------------------------------

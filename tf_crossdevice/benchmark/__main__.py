@@ -453,9 +453,15 @@ def main(argv: list[str]) -> int:
     table += f"\n# finished in {meta['seconds']:.0f} s"
     print(table, flush=True)
     (output / "results.txt").write_text(table + "\n")
+    (output / "results.md").write_text(
+        report.markdown_summary(groups, met) + "\n"
+    )
     report.write_json(output / "results.json", document)
     report.write_plot(output / "time_vs_size.png", groups)
-    print(f"# wrote {output}/results.txt, results.json, time_vs_size.png")
+    print(
+        f"# wrote {output}/results.txt, results.md, results.json, "
+        "time_vs_size.png"
+    )
     failed = _failures(groups)
     if failed:
         print(

@@ -362,6 +362,71 @@ def _target(
     }
 
 
+def _approx_size(num_bytes: int) -> str:
+    """Three significant digits and a binary unit.
+
+    >>> _approx_size(8), _approx_size(1665200), _approx_size(102334368)
+    ('8 B', '1.59 MiB', '97.6 MiB')
+    """
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if num_bytes >= 1 << shift:
+            return f"{num_bytes / (1 << shift):.3g} {unit}"
+    return f"{num_bytes} B"
+
+
+def markdown_summary(
+    groups: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]]
+) -> str:
+    """A Markdown table of each group's best (README-sized), then the targets.
+
+    Times are the confirmation rounds' where the group has them, so the
+    ratios match the targets'. Sweep groups are left out (see the PNG).
+
+    >>> group = {"workload": "w", "setting": "single_process",
+    ...          "num_replicas": 4, "num_tensors": 2, "size_bytes": 8,
+    ...          "error": None, "skipped": None, "tf_best": "TF a",
+    ...          "ours_best": "ours b", "roofline": "r", "results": [
+    ...     {"name": n, "time_seconds": t, "verified": True, "error": None}
+    ...     for n, t in (("TF a", 2e-3), ("ours b", 1e-3), ("r", 5e-4))]}
+    >>> print(markdown_summary([group], []).splitlines()[2])
+    | w | 4 logical CPUs | 2 / 8 B | a 2.000 ms | b 1.000 ms | 2.00 | 0.50 |
+    """
+    lines = [
+        "| workload | setting | tensors / bytes | TF best | ours best "
+        "| vs TF | ours / roofline |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for g in groups:
+        if _is_sweep(g):
+            continue
+        n = g["num_replicas"]
+        setting = (
+            f"{n} logical CPUs"
+            if g["setting"] == "single_process"
+            else f"{n} worker processes"
+        )
+        size = f"{g['num_tensors']} / {_approx_size(g['size_bytes'])}"
+        if g.get("error") or g.get("skipped"):
+            why = g.get("error") or f"left out: {g['skipped']}"
+            lines.append(
+                f"| {g['workload']} | {setting} | {size} | {why} | | | |"
+            )
+            continue
+        ours, tf_best = _time(g, g["ours_best"]), _time(g, g["tf_best"])
+        roof = _time(g, g["roofline"])
+        ours_name = (g["ours_best"] or "-").removeprefix("ours ")
+        tf_name = (g["tf_best"] or "-").removeprefix("TF ")
+        lines.append(
+            f"| {g['workload']} | {setting} | {size} "
+            f"| {tf_name} {_ms(tf_best)} ms | {ours_name} {_ms(ours)} ms "
+            f"| {_num(_ratio(tf_best, ours))} | {_num(_ratio(roof, ours))} |"
+        )
+    if targets:
+        lines += ["", "Targets:", ""]
+        lines += [f"- {_target_line(t)}" for t in targets]
+    return "\n".join(lines)
+
+
 def write_json(path: pathlib.Path, document: dict[str, Any]) -> None:
     path.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
 

@@ -322,10 +322,7 @@ def _run_workload(
             on_measurement=lambda name: advance(1),
         )
         advance((len(entries) - len(timers)) * config.rounds)
-        for entry in entries:
-            entry["samples"] = samples.get(entry["name"], [])
-            if entry["name"] in errors:
-                entry["error"] = f"while timing: {errors[entry['name']]}"
+        records.attach_samples(entries, samples, errors)
         record = records.make_group_record(
             setting="multi_worker",
             workload=workload,

@@ -140,6 +140,24 @@ def make_group_record(
     }
 
 
+def attach_samples(
+    entries: Sequence[dict[str, Any]],
+    samples: dict[str, list[float]],
+    errors: dict[str, str],
+) -> None:
+    """Stores each entry's timed samples, and the error that stopped it.
+
+    >>> entries = [{"name": "a", "error": None}, {"name": "b", "error": None}]
+    >>> attach_samples(entries, {"a": [1.0]}, {"b": "boom"})
+    >>> entries
+    [{'name': 'a', 'error': None, 'samples': [1.0]}, {'name': 'b', 'error': 'while timing: boom', 'samples': []}]
+    """  # noqa: E501
+    for entry in entries:
+        entry["samples"] = samples.get(entry["name"], [])
+        if entry["name"] in errors:
+            entry["error"] = f"while timing: {errors[entry['name']]}"
+
+
 def finalists(record: dict[str, Any], also: Sequence[str] = ()) -> list[str]:
     """The entries a confirmation re-times, with the baselines they need.
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_crossdevice import testing
+from tf_crossdevice import _packing, testing
 from tf_crossdevice.benchmark import candidates as candidates_lib
 from tf_crossdevice.benchmark import (
     records,
@@ -191,10 +191,7 @@ def run(
         on_measurement=lambda name: advance(1),
     )
     advance((len(entries) - len(calls)) * config.rounds)
-    for entry in entries:
-        entry["samples"] = samples.get(entry["name"], [])
-        if entry["name"] in errors:
-            entry["error"] = f"while timing: {errors[entry['name']]}"
+    records.attach_samples(entries, samples, errors)
     record = records.make_group_record(
         setting="single_process",
         workload=workload,
@@ -267,22 +264,21 @@ def _builder(
 
 
 def _pack_unpack(replicas: steps.Replicas) -> steps.Results:
-    """Each device's tensors concatenated and split back (a lower bound)."""
-    shapes = replicas.layout.shapes
-    sizes = list(replicas.layout.sizes)
+    """Each device's tensors packed into one buffer and unpacked (a bound).
+
+    The library's own concat packer (num_packs=1), so the bound is exactly
+    the packing work our packing algorithms do.
+    """
+    packer = _packing.make_packer(
+        replicas.tensors(0),
+        num_packs=1,
+        agg_small_grads_max_bytes=0,
+        agg_small_grads_max_group=0,
+    )
     per_device = []
     for i, device in enumerate(replicas.devices):
-        tensors = replicas.tensors(i)
         with tf.device(device):
-            flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-            per_device.append(
-                [
-                    tf.reshape(piece, shape)
-                    for piece, shape in zip(
-                        tf.split(flat, sizes), shapes, strict=True
-                    )
-                ]
-            )
+            per_device.append(packer.unpack(packer.pack(replicas.tensors(i))))
     return [list(column) for column in zip(*per_device, strict=True)]
 
 

@@ -23,7 +23,13 @@ import pytest
 import tensorflow as tf
 
 import tf_crossdevice
-from tf_crossdevice.benchmark import records, steps, timing, workloads
+from tf_crossdevice.benchmark import (
+    candidates,
+    records,
+    steps,
+    timing,
+    workloads,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -361,3 +367,16 @@ def test_workload_sizes():
     assert max(math.prod(s) * 4 for s in small.shapes) <= 4096
     sizes = workloads.sweep_sizes()
     assert sizes[0] == 4 and sizes[-1] == 256 << 20 and len(sizes) == 27
+
+
+def test_candidate_filter_keeps_tf_references_and_names_a_bad_pattern():
+    group = candidates.single_process_candidates(workloads.many_small(8))
+    tf_names = [c.name for c in group if c.family == "tf"]
+    kept = [c.name for c in candidates.select(group, "xring$,^ours Red")]
+    assert kept == tf_names + [
+        "ours ReductionToOneDevice",
+        "ours SpecAllReduce xring",
+    ]
+    assert candidates.select(group, "") == group
+    with pytest.raises(ValueError, match=r"--candidates: '\(pscpu' is not"):
+        candidates.select(group, "(pscpu")

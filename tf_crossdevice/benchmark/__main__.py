@@ -111,8 +111,9 @@ def define_flags() -> None:
     flags.DEFINE_string(
         "candidates",
         "",
-        "Only candidates whose name contains one of these comma-separated "
-        "strings (rooflines and baselines always run).",
+        "Only our candidates whose name matches one of these comma-separated "
+        "regular expressions (re.search), e.g. 'SpecAllReduce (pscpu|xring)$'"
+        ". TensorFlow's built-ins, rooflines and baselines always run.",
     )
     flags.DEFINE_enum(
         "sweep_table",
@@ -174,10 +175,12 @@ def _workload(name: str, flag: str):
 
 
 def _filtered(candidates: list[Any]) -> list[Any]:
-    wanted = [s for s in FLAGS.candidates.split(",") if s]
-    if not wanted:
-        return candidates
-    return [c for c in candidates if any(s in c.name for s in wanted)]
+    from tf_crossdevice.benchmark import candidates as candidates_lib
+
+    try:
+        return candidates_lib.select(candidates, FLAGS.candidates)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
 
 
 def _machine() -> str:

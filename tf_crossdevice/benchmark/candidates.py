@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -196,6 +197,44 @@ def single_process_candidates(
             )
         )
     return [c for c in tf_family + ours if _applies(c, workload)]
+
+
+def select(candidates: Sequence[Candidate], patterns: str) -> list[Candidate]:
+    """The candidates a `--candidates` value keeps.
+
+    Args:
+        candidates: every candidate of a group.
+        patterns: comma-separated regular expressions; a candidate of ours is
+            kept if its name matches one of them anywhere (`re.search`).
+            Empty keeps everything. TensorFlow's built-ins are always kept:
+            every ratio and target in the report is measured against them.
+
+    Raises:
+        ValueError: a pattern is not a valid regular expression (names it).
+
+    >>> from tf_crossdevice.benchmark import workloads
+    >>> group = single_process_candidates(workloads.many_small(8))
+    >>> [c.name for c in select(group, "SpecAllReduce (pscpu|xring)$")]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ['TF ReductionToOneDevice', 'TF HierarchicalCopy num_packs=1',
+     'TF HierarchicalCopy num_packs=4', 'TF MirroredStrategy default',
+     'ours SpecAllReduce pscpu', 'ours SpecAllReduce xring']
+    """
+    wanted = []
+    for pattern in (p for p in patterns.split(",") if p):
+        try:
+            wanted.append(re.compile(pattern))
+        except re.error as e:
+            raise ValueError(
+                f"--candidates: {pattern!r} is not a regular expression: {e}"
+            ) from None
+    if not wanted:
+        return list(candidates)
+    return [
+        c
+        for c in candidates
+        if c.family == "tf" or any(w.search(c.name) for w in wanted)
+    ]
 
 
 def single_process_skipped() -> list[Skipped]:

@@ -586,14 +586,13 @@ class _MwmsSession(_Session):
 
 
 def _child_main(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--role", choices=("client", "mwms"), required=True)
-    parser.add_argument("--parent_pid", type=int, required=True)
-    args = parser.parse_args(argv)
-    subprocesses.exit_when_parent_goes(args.parent_pid)
-    setup = json.loads(sys.stdin.readline() or "null")
+    args, setup = subprocesses.start(
+        argv,
+        __doc__,
+        lambda parser: parser.add_argument(
+            "--role", choices=("client", "mwms"), required=True
+        ),
+    )
     if setup is None:
         return 0
     try:

@@ -11,10 +11,8 @@ entry is verified against numpy, warmed up, and timed in interleaved rounds.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
-import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -419,11 +417,7 @@ def _peak_rss_bytes() -> int | None:
 
 
 def _child_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=run_in_child.__doc__)
-    parser.add_argument("--parent_pid", type=int, required=True)
-    args = parser.parse_args(argv)
-    subprocesses.exit_when_parent_goes(args.parent_pid)
-    job = json.loads(sys.stdin.readline() or "null")
+    _, job = subprocesses.start(argv, run_in_child.__doc__)
     if job is None:
         return 0
     try:

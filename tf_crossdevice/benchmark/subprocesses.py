@@ -18,6 +18,7 @@ end of input or when its parent dies; `Child.stop` kills its process group.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 MARK = "@@tf_crossdevice.benchmark "
@@ -169,6 +170,31 @@ def module_argv(module: str, *args: str) -> list[str]:
 
 
 # ---- The child's side ------------------------------------------------------
+
+
+def start(
+    argv: list[str],
+    description: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], Any] = lambda p: None,
+) -> tuple[argparse.Namespace, dict[str, Any] | None]:
+    """The child's start: its flags, a watch on its parent, the first command.
+
+    Args:
+        argv: the child's arguments (without the program name).
+        description: for `--help`.
+        add_arguments: adds the child's own flags; `--parent_pid` (see
+            `module_argv`) is always there.
+
+    Returns:
+        (the parsed flags, the parent's first command, or None when the
+        parent closed stdin without sending one).
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--parent_pid", type=int, required=True)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    exit_when_parent_goes(args.parent_pid)
+    return args, next(commands(), None)
 
 
 def reply(message: dict[str, Any]) -> None:

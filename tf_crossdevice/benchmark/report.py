@@ -64,10 +64,17 @@ _UNITS = (
 
 
 def format_size(num_bytes: int) -> str:
-    """Bytes with a binary unit, as nccl-tests' sweep steps read."""
+    """Bytes with a binary unit: exact for whole units (as nccl-tests' sweep
+    steps read), else three significant digits.
+
+    >>> format_size(8), format_size(3 << 20), format_size(102334368)
+    ('8 B', '3 MiB', '97.6 MiB')
+    """
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if num_bytes >= 1 << shift and num_bytes % (1 << shift) == 0:
-            return f"{num_bytes >> shift} {unit}"
+        if num_bytes >= 1 << shift:
+            if num_bytes % (1 << shift) == 0:
+                return f"{num_bytes >> shift} {unit}"
+            return f"{num_bytes / (1 << shift):.3g} {unit}"
     return f"{num_bytes} B"
 
 
@@ -362,18 +369,6 @@ def _target(
     }
 
 
-def _approx_size(num_bytes: int) -> str:
-    """Three significant digits and a binary unit.
-
-    >>> _approx_size(8), _approx_size(1665200), _approx_size(102334368)
-    ('8 B', '1.59 MiB', '97.6 MiB')
-    """
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if num_bytes >= 1 << shift:
-            return f"{num_bytes / (1 << shift):.3g} {unit}"
-    return f"{num_bytes} B"
-
-
 def markdown_summary(
     groups: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]]
 ) -> str:
@@ -405,7 +400,7 @@ def markdown_summary(
             if g["setting"] == "single_process"
             else f"{n} worker processes"
         )
-        size = f"{g['num_tensors']} / {_approx_size(g['size_bytes'])}"
+        size = f"{g['num_tensors']} / {format_size(g['size_bytes'])}"
         if g.get("error") or g.get("skipped"):
             why = g.get("error") or f"left out: {g['skipped']}"
             lines.append(

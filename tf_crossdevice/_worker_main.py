@@ -56,11 +56,12 @@ def _exit_when_launcher_goes(parent_pid: int | None, watch_stdin: bool) -> None:
     pipe that another process still holds open.
     """
 
-    def watch_pipe() -> None:
-        # os.read, not sys.stdin: a daemon thread blocked inside a buffered
-        # reader aborts interpreter shutdown ("could not acquire lock").
+    def watch_pipe(stdin_fd: int) -> None:
+        # os.read on the descriptor, not sys.stdin: a daemon thread blocked
+        # inside a buffered reader aborts interpreter shutdown ("could not
+        # acquire lock"). `_run` skips that shutdown too.
         try:
-            while os.read(sys.stdin.fileno(), 4096):
+            while os.read(stdin_fd, 4096):
                 pass
         finally:
             os._exit(0)
@@ -71,7 +72,9 @@ def _exit_when_launcher_goes(parent_pid: int | None, watch_stdin: bool) -> None:
         os._exit(0)
 
     if watch_stdin:
-        threading.Thread(target=watch_pipe, daemon=True).start()
+        threading.Thread(
+            target=watch_pipe, args=(sys.stdin.fileno(),), daemon=True
+        ).start()
     if parent_pid is not None:
         threading.Thread(target=watch_parent, daemon=True).start()
 
@@ -122,5 +125,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _run() -> None:
+    """Runs `main` and leaves without interpreter shutdown.
+
+    `main` returns only when the server did not start (a lost port race
+    included), while the launcher-watching daemon threads may be blocked in
+    reads. Finalizing the interpreter under them once aborted a worker under
+    load ("Fatal Python error: _enter_buffered_busy ... <stdin>") instead of
+    exiting with `EXIT_BIND_FAILED`, which the launcher retries; os._exit
+    makes the exit code the one `main` chose.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _run()

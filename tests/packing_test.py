@@ -541,6 +541,28 @@ def test_sum_of_packs_unpacks_to_sum(mode, setting):
         _assert_same(out, expected)
 
 
+@pytest.mark.parametrize("setting", ["concat_1", "agg_all_group_100"])
+def test_one_dimensional_tensors_trace_no_reshape(setting):
+    # A reshape per tensor per device doubled the trace time of many small
+    # gradients; 1-D tensors need none, other ranks still get theirs.
+    arrays = _arrays(4, shapes=[(3,), (5,), (2, 2), (7,)], dtypes=[tf.float32])
+
+    @tf.function(autograph=False)
+    def round_trip(tensors):
+        packer = _packing.make_packer(tensors, **_settings(setting))
+        return packer.unpack(packer.pack(tensors))
+
+    tensors = [tf.constant(a) for a in arrays]
+    graph = round_trip.get_concrete_function(tensors).graph
+    reshaped = [
+        op.outputs[0].shape.as_list()
+        for op in graph.get_operations()
+        if op.type == "Reshape"
+    ]
+    assert sorted(reshaped) == [[2, 2], [4]]
+    _assert_same(round_trip(tensors), arrays)
+
+
 def test_unknown_shape_passes_unpacked_with_identity():
     @tf.function(
         input_signature=[tf.TensorSpec([None, 3]), tf.TensorSpec(None)]

@@ -85,6 +85,20 @@ def _check_like(
             )
 
 
+def _flatten(tensor: tf.Tensor, num_elements: int) -> tf.Tensor:
+    """`tensor` as a 1-D tensor; a 1-D tensor as it is (no op to trace).
+
+    >>> _flatten(tf.ones([2, 3]), 6).shape.as_list()
+    [6]
+    >>> t = tf.ones([4])
+    >>> _flatten(t, 4) is t
+    True
+    """
+    if tensor.shape.rank == 1:
+        return tensor
+    return tf.reshape(tensor, [num_elements])
+
+
 class _IdentityPacker(Packer):
     """Leaves the tensors as they are."""
 
@@ -137,7 +151,7 @@ class _PlannedPacker(Packer):
             if not group.pack_sizes:
                 continue
             flat = [
-                tf.reshape(tensors[i], [n])
+                _flatten(tensors[i], n)
                 for i, n in zip(group.members, group.member_sizes, strict=True)
             ]
             joined = flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
@@ -172,7 +186,13 @@ class _PlannedPacker(Packer):
                 else tf.split(joined, list(group.member_sizes), axis=0)
             )
             for i, part in zip(group.members, parts, strict=True):
-                tensors[i] = tf.reshape(part, self._shapes[i])
+                shape = self._shapes[i]
+                # Parts are 1-D already. Grappler removes a reshape to the
+                # same shape at run time, but tracing one per tensor per
+                # device doubles the trace time of many small tensors.
+                tensors[i] = (
+                    part if shape.rank == 1 else tf.reshape(part, shape)
+                )
         return tensors  # type: ignore[return-value]
 
 

@@ -563,6 +563,30 @@ def test_one_dimensional_tensors_trace_no_reshape(setting):
     _assert_same(round_trip(tensors), arrays)
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_one_dimensional_tensor_of_unknown_length_gets_the_planned_shape(count):
+    # Planned from [4]: a [None] tensor still goes through a reshape, so the
+    # packs and results have the planned static shape.
+    packer = _packing.make_packer(
+        [tf.ones([4])] * count, **_settings("concat_1")
+    )
+    shapes = []
+
+    @tf.function(
+        autograph=False,
+        input_signature=[[tf.TensorSpec([None], tf.float32)] * count],
+    )
+    def round_trip(tensors):
+        packs = packer.pack(tensors)
+        out = packer.unpack(packs)
+        shapes.append([t.shape.as_list() for t in packs + out])
+        return out
+
+    values = [np.arange(4, dtype=np.float32) + k for k in range(count)]
+    _assert_same(round_trip([tf.constant(v) for v in values]), values)
+    assert shapes == [[[4 * count]] + [[4]] * count]
+
+
 def test_unknown_shape_passes_unpacked_with_identity():
     @tf.function(
         input_signature=[tf.TensorSpec([None, 3]), tf.TensorSpec(None)]

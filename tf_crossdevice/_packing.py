@@ -2,7 +2,8 @@
 
 `make_packer` plans once from one device's tensors (static shapes and dtypes);
 the packer it returns is then applied to every device's list. Its ops land
-wherever the caller's `tf.device` scope puts them. The plan comes from
+wherever the caller's `tf.device` scope puts them (a 1-D tensor packed alone
+gets no op and stays where it is). The plan comes from
 `tf_crossdevice._schedules.packing`; see there for the two schemes.
 
 Example: three devices' gradients, packed into 2 packs, summed pack by pack
@@ -86,7 +87,9 @@ def _check_like(
 
 
 def _flatten(tensor: tf.Tensor, num_elements: int) -> tf.Tensor:
-    """`tensor` as a 1-D tensor; a 1-D tensor as it is (no op to trace).
+    """`tensor` as a 1-D tensor; one of static shape `[num_elements]` as it is.
+
+    Anything else is reshaped, which also checks its size at run time.
 
     >>> _flatten(tf.ones([2, 3]), 6).shape.as_list()
     [6]
@@ -94,7 +97,7 @@ def _flatten(tensor: tf.Tensor, num_elements: int) -> tf.Tensor:
     >>> _flatten(t, 4) is t
     True
     """
-    if tensor.shape.rank == 1:
+    if tensor.shape == tf.TensorShape([num_elements]):
         return tensor
     return tf.reshape(tensor, [num_elements])
 
@@ -187,11 +190,11 @@ class _PlannedPacker(Packer):
             )
             for i, part in zip(group.members, parts, strict=True):
                 shape = self._shapes[i]
-                # Parts are 1-D already. Grappler removes a reshape to the
-                # same shape at run time, but tracing one per tensor per
-                # device doubles the trace time of many small tensors.
+                # A part that has the shape already needs no reshape: under
+                # tf.function Grappler removes it, but tracing one per tensor
+                # per device doubles the trace time of many small tensors.
                 tensors[i] = (
-                    part if shape.rank == 1 else tf.reshape(part, shape)
+                    part if part.shape == shape else tf.reshape(part, shape)
                 )
         return tensors  # type: ignore[return-value]
 

@@ -69,13 +69,20 @@ def format_size(num_bytes: int) -> str:
 
     >>> format_size(8), format_size(3 << 20), format_size(102334368)
     ('8 B', '3 MiB', '97.6 MiB')
+    >>> format_size(1023), format_size(1048575), format_size(1024001)
+    ('1023 B', '1 MiB', '0.977 MiB')
     """
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if num_bytes >= 1 << shift:
-            if num_bytes % (1 << shift) == 0:
-                return f"{num_bytes >> shift} {unit}"
-            return f"{num_bytes / (1 << shift):.3g} {unit}"
-    return f"{num_bytes} B"
+    units = (("B", 0), ("KiB", 10), ("MiB", 20), ("GiB", 30))
+    for (unit, shift), bigger in zip(units, units[1:] + (None,), strict=True):
+        value = num_bytes / (1 << shift)
+        if num_bytes % (1 << shift) == 0 and value < 1024:
+            return f"{num_bytes >> shift} {unit}"
+        # 999.5 and up would print as 1e+03: take the next unit.
+        if num_bytes < (1 << shift) * 999.5:
+            return f"{value:.3g} {unit}"
+        if bigger is None:
+            return f"{value:.0f} {unit}"
+    raise AssertionError("unreachable")
 
 
 def _is_sweep(group: dict[str, Any]) -> bool:

@@ -113,7 +113,9 @@ def define_flags() -> None:
         "",
         "Only our candidates whose name matches one of these comma-separated "
         "regular expressions (re.search), e.g. 'SpecAllReduce (pscpu|xring)$'"
-        ". TensorFlow's built-ins, rooflines and baselines always run.",
+        "; escape ( ) [ ] . * + ? with \\ to match them literally. Each must "
+        "match one of ours. TensorFlow's built-ins, rooflines and baselines "
+        "always run.",
     )
     flags.DEFINE_enum(
         "sweep_table",
@@ -179,6 +181,25 @@ def _filtered(candidates: list[Any]) -> list[Any]:
 
     try:
         return candidates_lib.select(candidates, FLAGS.candidates)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+
+
+def _check_candidates(
+    candidates_lib: Any, plan: list[Any], mw_workloads: list[Any]
+) -> None:
+    """Every --candidates pattern must match one of ours somewhere."""
+    everything = [
+        c
+        for w, _, _ in plan
+        for c in candidates_lib.single_process_candidates(w, FLAGS.quick)
+    ] + [
+        c
+        for w in mw_workloads
+        for c in candidates_lib.multi_worker_candidates(w, FLAGS.quick)
+    ]
+    try:
+        candidates_lib.check_patterns(everything, FLAGS.candidates)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
 
@@ -401,6 +422,7 @@ def main(argv: list[str]) -> int:
         _workload(name, "multi_worker_workloads")
         for name in FLAGS.multi_worker_workloads
     ]
+    _check_candidates(candidates_lib, plan, mw_workloads if workers else [])
     total = sum(
         single_process.units(len(c), config.rounds, w.num_tensors)
         for w, _, c in plan

@@ -199,6 +199,19 @@ def single_process_candidates(
     return [c for c in tf_family + ours if _applies(c, workload)]
 
 
+def _compile(patterns: str) -> list[re.Pattern[str]]:
+    compiled = []
+    for pattern in (p for p in patterns.split(",") if p):
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as e:
+            raise ValueError(
+                f"--candidates: {pattern!r} is not a regular expression ({e}); "
+                r"escape ( ) [ ] . * + ? with \ to match them literally"
+            ) from None
+    return compiled
+
+
 def select(candidates: Sequence[Candidate], patterns: str) -> list[Candidate]:
     """The candidates a `--candidates` value keeps.
 
@@ -220,14 +233,7 @@ def select(candidates: Sequence[Candidate], patterns: str) -> list[Candidate]:
      'TF HierarchicalCopy num_packs=4', 'TF MirroredStrategy default',
      'ours SpecAllReduce pscpu', 'ours SpecAllReduce xring']
     """
-    wanted = []
-    for pattern in (p for p in patterns.split(",") if p):
-        try:
-            wanted.append(re.compile(pattern))
-        except re.error as e:
-            raise ValueError(
-                f"--candidates: {pattern!r} is not a regular expression: {e}"
-            ) from None
+    wanted = _compile(patterns)
     if not wanted:
         return list(candidates)
     return [
@@ -235,6 +241,35 @@ def select(candidates: Sequence[Candidate], patterns: str) -> list[Candidate]:
         for c in candidates
         if c.family == "tf" or any(w.search(c.name) for w in wanted)
     ]
+
+
+def check_patterns(candidates: Sequence[Candidate], patterns: str) -> None:
+    """Raises if a `--candidates` pattern matches none of our `candidates`.
+
+    A typo would otherwise run TF's built-ins alone, for hours.
+
+    Raises:
+        ValueError: names the patterns that match nothing (or is not valid).
+
+    >>> from tf_crossdevice.benchmark import workloads
+    >>> check_patterns(single_process_candidates(workloads.many_small(8)),
+    ...                "xring$,xrign$")
+    Traceback (most recent call last):
+    ...
+    ValueError: --candidates: 'xrign$' matches none of our candidates here
+    """
+    ours = [c.name for c in candidates if c.family == "ours"]
+    unmatched = [
+        w.pattern
+        for w in _compile(patterns)
+        if not any(w.search(name) for name in ours)
+    ]
+    if unmatched:
+        raise ValueError(
+            f"--candidates: {', '.join(repr(p) for p in unmatched)} "
+            f"match{'es' if len(unmatched) == 1 else ''} none of our "
+            "candidates here"
+        )
 
 
 def single_process_skipped() -> list[Skipped]:

@@ -380,3 +380,18 @@ def test_candidate_filter_keeps_tf_references_and_names_a_bad_pattern():
     assert candidates.select(group, "") == group
     with pytest.raises(ValueError, match=r"--candidates: '\(pscpu' is not"):
         candidates.select(group, "(pscpu")
+
+
+def test_missing_extras_say_what_to_install(monkeypatch):
+    from tf_crossdevice.benchmark import __main__ as cli
+
+    real = cli.importlib.util.find_spec
+
+    def without_tqdm(name, *args):
+        return None if name == "tqdm" else real(name, *args)
+
+    monkeypatch.setattr(cli.importlib.util, "find_spec", without_tqdm)
+    message = cli.missing_extras()
+    assert message is not None
+    assert "needs tqdm," in message
+    assert "pip install 'tf_crossdevice[benchmark]'" in message

@@ -13,6 +13,7 @@ and a few candidates per family. Flags given explicitly win over it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import platform
@@ -45,12 +46,7 @@ QUICK_DEFAULTS: dict[str, Any] = {
 
 
 def define_flags() -> None:
-    """Defines the command's flags (once per process).
-
-    >>> define_flags()
-    >>> FLAGS["quick"].default, FLAGS["rounds"].default
-    (False, 7)
-    """
+    """Defines the command's flags (once per process)."""
     if "quick" in FLAGS:
         return
     flags.DEFINE_bool(
@@ -202,6 +198,26 @@ def _check_candidates(
         candidates_lib.check_patterns(everything, FLAGS.candidates)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
+
+
+EXTRAS = ("tqdm", "matplotlib")
+
+
+def missing_extras() -> str | None:
+    """What to install when the benchmark's own dependencies are missing.
+
+    Returns:
+        None when they are all importable (tests/benchmark_test.py checks
+        the message; pytest does not collect doctests from `__main__.py`).
+    """
+    missing = [m for m in EXTRAS if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"the benchmark needs {' and '.join(missing)}, which a plain install "
+        "leaves out: pip install 'tf_crossdevice[benchmark]' (from a "
+        "checkout: pip install -e '.[benchmark]')"
+    )
 
 
 def _machine() -> str:
@@ -393,6 +409,10 @@ def main(argv: list[str]) -> int:
                 f"{', '.join(WORKLOADS)}"
             )
 
+    missing = missing_extras()
+    if missing:
+        print(missing, file=sys.stderr)
+        return 1
     import tqdm  # type: ignore[import-untyped]
 
     from tf_crossdevice.benchmark import candidates as candidates_lib

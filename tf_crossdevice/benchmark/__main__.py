@@ -173,29 +173,18 @@ def _workload(name: str, flag: str):
 
 
 def _filtered(candidates: list[Any]) -> list[Any]:
+    """The candidates --candidates keeps (checked by `_check_candidates`)."""
     from tf_crossdevice.benchmark import candidates as candidates_lib
 
-    try:
-        return candidates_lib.select(candidates, FLAGS.candidates)
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
+    return candidates_lib.select(candidates, FLAGS.candidates)
 
 
-def _check_candidates(
-    candidates_lib: Any, plan: list[Any], mw_workloads: list[Any]
-) -> None:
-    """Every --candidates pattern must match one of ours somewhere."""
-    everything = [
-        c
-        for w, _, _ in plan
-        for c in candidates_lib.single_process_candidates(w, FLAGS.quick)
-    ] + [
-        c
-        for w in mw_workloads
-        for c in candidates_lib.multi_worker_candidates(w, FLAGS.quick)
-    ]
+def _check_candidates(candidates_lib: Any, groups: list[list[Any]]) -> None:
+    """Every --candidates pattern must compile and match one of ours."""
     try:
-        candidates_lib.check_patterns(everything, FLAGS.candidates)
+        candidates_lib.check_patterns(
+            [c for group in groups for c in group], FLAGS.candidates
+        )
     except ValueError as e:
         raise app.UsageError(str(e)) from None
 
@@ -264,7 +253,7 @@ def _failed_group(
 
 
 def _plan(candidates_lib: Any, workloads: Any, devices: list[int]):
-    """(workload, devices, candidates) of every single-process group."""
+    """(workload, devices, every candidate) of each single-process group."""
     single = []
     for name in FLAGS.workloads:
         if name == "sweep":
@@ -274,11 +263,7 @@ def _plan(candidates_lib: Any, workloads: Any, devices: list[int]):
         else:
             single.append(_workload(name, "workloads"))
     return [
-        (
-            w,
-            n,
-            _filtered(candidates_lib.single_process_candidates(w, FLAGS.quick)),
-        )
+        (w, n, candidates_lib.single_process_candidates(w, FLAGS.quick))
         for w in single
         for n in devices
     ]
@@ -442,16 +427,19 @@ def main(argv: list[str]) -> int:
         _workload(name, "multi_worker_workloads")
         for name in FLAGS.multi_worker_workloads
     ]
-    _check_candidates(candidates_lib, plan, mw_workloads if workers else [])
+    mw_groups = [
+        candidates_lib.multi_worker_candidates(w, FLAGS.quick)
+        for w in (mw_workloads if workers else [])
+    ]
+    _check_candidates(candidates_lib, [c for _, _, c in plan] + mw_groups)
+    plan = [(w, n, _filtered(c)) for w, n, c in plan]
     total = sum(
         single_process.units(len(c), config.rounds, w.num_tensors)
         for w, _, c in plan
+    ) + sum(
+        len(workers) * multi_worker.units(len(_filtered(c)), config.rounds)
+        for c in mw_groups
     )
-    for w in mw_workloads:
-        count = len(
-            _filtered(candidates_lib.multi_worker_candidates(w, FLAGS.quick))
-        )
-        total += len(workers) * multi_worker.units(count, config.rounds)
 
     output = pathlib.Path(FLAGS.output_dir)
     output.mkdir(parents=True, exist_ok=True)

@@ -72,17 +72,13 @@ def format_size(num_bytes: int) -> str:
     >>> format_size(1023), format_size(1048575), format_size(1024001)
     ('1023 B', '1 MiB', '0.977 MiB')
     """
-    units = (("B", 0), ("KiB", 10), ("MiB", 20), ("GiB", 30))
-    for (unit, shift), bigger in zip(units, units[1:] + (None,), strict=True):
+    for unit, shift in (("B", 0), ("KiB", 10), ("MiB", 20), ("GiB", 30)):
         value = num_bytes / (1 << shift)
-        if num_bytes % (1 << shift) == 0 and value < 1024:
+        if value < 1024 and num_bytes % (1 << shift) == 0:
             return f"{num_bytes >> shift} {unit}"
-        # 999.5 and up would print as 1e+03: take the next unit.
-        if num_bytes < (1 << shift) * 999.5:
+        if value < 999.5:  # 999.5 and up would print as 1e+03.
             return f"{value:.3g} {unit}"
-        if bigger is None:
-            return f"{value:.0f} {unit}"
-    raise AssertionError("unreachable")
+    return f"{value:.0f} {unit}"
 
 
 def _is_sweep(group: dict[str, Any]) -> bool:

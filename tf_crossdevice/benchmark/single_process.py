@@ -267,16 +267,17 @@ def _pack_unpack(replicas: steps.Replicas) -> steps.Results:
     The library's own concat packer (num_packs=1), so the bound is exactly
     the packing work our packing algorithms do.
     """
+    inputs = [replicas.tensors(i) for i in range(len(replicas.devices))]
     packer = _packing.make_packer(
-        replicas.tensors(0),
+        inputs[0],
         num_packs=1,
         agg_small_grads_max_bytes=0,
         agg_small_grads_max_group=0,
     )
     per_device = []
-    for i, device in enumerate(replicas.devices):
+    for tensors, device in zip(inputs, replicas.devices, strict=True):
         with tf.device(device):
-            per_device.append(packer.unpack(packer.pack(replicas.tensors(i))))
+            per_device.append(packer.unpack(packer.pack(tensors)))
     return [list(column) for column in zip(*per_device, strict=True)]
 
 

@@ -395,3 +395,55 @@ def test_missing_extras_say_what_to_install(monkeypatch):
     assert message is not None
     assert "needs tqdm," in message
     assert "pip install 'tf_crossdevice[benchmark]'" in message
+
+
+def test_full_run_candidates_cover_the_issue_list():
+    # The issue's list: every algorithm and packing setting of ours that
+    # applies, TF's ReductionToOneDevice, HierarchicalCopy(1 and 4) and
+    # MirroredStrategy's default; across workers MWMS's collective
+    # all-reduce (default options, RING, bytes_per_pack settings).
+    packings = ["", " num_packs=1", " num_packs=4", " agg_small=64KiBx1024"]
+    tf_single = [
+        "TF ReductionToOneDevice",
+        "TF HierarchicalCopy num_packs=1",
+        "TF HierarchicalCopy num_packs=4",
+        "TF MirroredStrategy default",
+    ]
+    names = [
+        c.name
+        for c in candidates.single_process_candidates(workloads.many_small())
+    ]
+    assert names == tf_single + [
+        "ours ReductionToOneDevice",
+        "ours HierarchicalCopy num_packs=0",
+        *(f"ours HierarchicalCopy{p}" for p in packings[1:]),
+        *(
+            f"ours SpecAllReduce {spec}{p}"
+            for spec in ("pscpu", "psgpu", "xring", "rechd")
+            for p in packings
+        ),
+    ]
+    # One tensor: concatenating or aggregating it would change nothing.
+    one = [
+        c.name
+        for c in candidates.single_process_candidates(
+            workloads.single_tensor(1024)
+        )
+    ]
+    assert not [n for n in one if "num_packs=1" in n and n.startswith("ours")]
+    assert not [n for n in one if "agg_small" in n]
+    mw = [
+        c.name
+        for c in candidates.multi_worker_candidates(workloads.many_small())
+    ]
+    assert mw[:4] == [
+        "TF MWMS default",
+        "TF MWMS RING",
+        "TF MWMS RING bytes_per_pack=4MiB",
+        "TF MWMS RING bytes_per_pack=32MiB",
+    ]
+    assert mw[5:] == [
+        f"ours MultiWorkerAllReduce {spec}{p}"
+        for spec in ("('pscpu/pscpu', 2, -1)", "pscpu", "xring", "rechd")
+        for p in packings
+    ]

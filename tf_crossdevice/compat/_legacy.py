@@ -14,14 +14,18 @@ import tensorflow as tf
 
 from tf_crossdevice import _ops, _selection
 
+# TF 2's enum and TF 1's (tf.compat.v1.VariableAggregation, which also has
+# ONLY_FIRST_TOWER) are different classes in TF 2.21.
+_AGGREGATION_TYPES = (tf.VariableAggregation, tf.compat.v1.VariableAggregation)
+
 
 def as_reduce_op(reduce_op: Any) -> Any:
-    """Maps `tf.VariableAggregation.SUM/MEAN` to the ReduceOp; else as is."""
-    if isinstance(reduce_op, tf.VariableAggregation):
-        if reduce_op not in (
-            tf.VariableAggregation.SUM,
-            tf.VariableAggregation.MEAN,
-        ):
+    """Maps `VariableAggregation.SUM/MEAN` (TF 1's or TF 2's) to the ReduceOp.
+
+    Anything else is returned as is, for the new classes to check.
+    """
+    if isinstance(reduce_op, _AGGREGATION_TYPES):
+        if reduce_op.name not in ("SUM", "MEAN"):
             raise ValueError(
                 f"aggregation: {reduce_op} is not a reduction; expected "
                 "tf.VariableAggregation.SUM or MEAN (or a "

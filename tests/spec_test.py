@@ -98,6 +98,8 @@ def test_algorithm_helpers_reject_unknown(fn):
         ("nccl:3K:xring", [("nccl", 1, 3 * K), ("xring", 1, -1)]),
         ("nccl:5M:xring", [("nccl", 1, 5 * K**2), ("xring", 1, -1)]),
         ("nccl:2G:xring", [("nccl", 1, 2 * K**3), ("xring", 1, -1)]),
+        # tf_cnn_benchmarks' grammar is int[KkMGT]? (issue #11).
+        ("pscpu:1T:xring", [("pscpu", 1, K**4), ("xring", 1, -1)]),
         ("rechd#07", [("rechd", 7, -1)]),
         (("xring",), [("xring", 1, -1)]),
         (("xring", 4), [("xring", 4, -1)]),
@@ -138,6 +140,7 @@ def test_parse_named_examples(spec, expected):
         ("pscpu:1025:xring#1", "pscpu:1025:xring"),
         ("pscpu#1:2048k:xring", "pscpu:2M:xring"),
         ("pscpu:1024M:xring#4", "pscpu:1G:xring#4"),
+        ("pscpu:2048G:xring", "pscpu:2T:xring"),
         ("pscpu:1536:xring", "pscpu:1536:xring"),
         (
             [("nccl", 2, 1024), ("pscpu/pscpu", 2, -1)],
@@ -222,7 +225,8 @@ def test_select_range_without_catch_all_raises():
         ("pscpu:0:xring", "bad size limit '0' after range 0"),
         ("pscpu:-1:xring", "bad size limit '-1'"),
         ("pscpu:32x:xring", "bad size limit '32x'"),
-        ("pscpu:32T:xring", "bad size limit '32T'"),
+        ("pscpu:32t:xring", "bad size limit '32t'"),
+        ("pscpu:32P:xring", "bad size limit '32P'"),
         ("pscpu:1.5k:xring", "bad size limit '1.5k'"),
         ("pscpu: 32k:xring", "bad size limit ' 32k'"),
         ("pscpu:\u0663:xring", "bad size limit"),  # A non-ASCII digit.

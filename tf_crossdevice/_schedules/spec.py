@@ -22,7 +22,7 @@ Two forms are accepted and mean the same thing:
 
       spec   ::= range (":" size ":" range)*
       range  ::= alg ("#" shards)?          e.g. "pscpu/pscpu#2"
-      size   ::= digits ("k" | "K" | "M" | "G")?   k = K = 1024 bytes
+      size   ::= digits ("k" | "K" | "M" | "G" | "T")?   k = K = 1024 bytes
       shards ::= digits                      a positive integer
 
   `"pscpu:32k:xring"` reduces tensors of at most 32768 bytes with pscpu and
@@ -201,8 +201,16 @@ def _check_limit(value: object) -> int:
 # At most 19 digits: nothing sensible is larger, and int() of a huge digit
 # string raises its own ValueError.
 _DIGITS = re.compile(r"[0-9]{1,19}", re.ASCII)
-_SIZE = re.compile(r"([0-9]{1,19})([kKMG]?)", re.ASCII)
-_UNITS = {"": 1, "k": 1024, "K": 1024, "M": 1024**2, "G": 1024**3}
+# tf_cnn_benchmarks' grammar: int[KkMGT]?.
+_SIZE = re.compile(r"([0-9]{1,19})([kKMGT]?)", re.ASCII)
+_UNITS = {
+    "": 1,
+    "k": 1024,
+    "K": 1024,
+    "M": 1024**2,
+    "G": 1024**3,
+    "T": 1024**4,
+}
 
 
 def _to_algorithm_or_bad(name: object) -> Algorithm:
@@ -235,7 +243,7 @@ def _parse_size_string(token: str) -> int:
         raise _SpecError(
             f"bad size limit {token!r}",
             "a positive number of bytes, optionally with a suffix k, K "
-            "(1024), M (1024**2) or G (1024**3), e.g. '32k'",
+            "(1024), M (1024**2), G (1024**3) or T (1024**4), e.g. '32k'",
         )
     return int(match.group(1)) * _UNITS[match.group(2)]
 
@@ -387,7 +395,12 @@ def parse_all_reduce_spec(spec: SpecLike) -> tuple[AllReduceSpecTuple, ...]:
 
 
 def _format_size(num_bytes: int) -> str:
-    for suffix, unit in (("G", 1024**3), ("M", 1024**2), ("k", 1024)):
+    for suffix, unit in (
+        ("T", 1024**4),
+        ("G", 1024**3),
+        ("M", 1024**2),
+        ("k", 1024),
+    ):
         if num_bytes % unit == 0:
             return f"{num_bytes // unit}{suffix}"
     return str(num_bytes)
@@ -396,7 +409,7 @@ def _format_size(num_bytes: int) -> str:
 def format_all_reduce_spec(parsed: SpecLike) -> str:
     """Writes a spec in the canonical string grammar.
 
-    `#1` is left out and sizes use the largest of the suffixes G, M, k that
+    `#1` is left out and sizes use the largest of the suffixes T, G, M, k that
     divides them, so `parse_all_reduce_spec` of the result gives back the
     same ranges.
 

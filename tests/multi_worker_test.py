@@ -282,6 +282,11 @@ def test_legacy_graph_mode_mirrored_strategy_over_workers(workers, reduce_op):
             "worker_devices: expected a list",
         ),
         ((["/job:worker/task:0"] * 2, 0), ValueError, "listed twice"),
+        (
+            (["/job:worker/task:0", "/job:worker/task:x"], 0),
+            ValueError,
+            r"^worker_devices\[1\]: bad task index in 'task:x'",
+        ),
         ((["/job:worker/task:0"], -1), ValueError, "num_gpus_per_worker"),
         ((["/job:worker/task:0"], 1.0), TypeError, "num_gpus_per_worker"),
         ((["/job:worker/task:0"], 0, "xrng"), ValueError, "all_reduce_spec"),
@@ -312,12 +317,3 @@ def test_sparse_values_and_destinations_are_checked_too():
     dense = tf_crossdevice.testing.per_replica([tf.ones([2])] * 2)
     with pytest.raises(ValueError, match="task:3.* is not on a worker"):
         ops.reduce("sum", dense, "/job:worker/replica:0/task:3/device:CPU:0")
-
-
-def test_gpu_workers_refuse_cpu_values():
-    ops = tf_crossdevice.MultiWorkerAllReduce(
-        ["/job:localhost/replica:0/task:0"], 2
-    )
-    value = tf_crossdevice.testing.per_replica([tf.ones([2])] * 2)
-    with pytest.raises(ValueError, match="num_gpus_per_worker=2"):
-        ops.reduce("sum", value)

@@ -96,6 +96,9 @@ def test_group_by_worker(devices, expected):
         ("/task:0/job:w_1/replica:1", ("w_1", 1, 0)),
         ("/device:CPU:0", ("localhost", 0, 0)),
         ("", ("localhost", 0, 0)),
+        # TensorFlow's graph-mode canonical names have no job (issue #11).
+        ("/replica:0/task:0/device:CPU:1", ("localhost", 0, 0)),
+        ("/task:1/device:CPU:0", ("localhost", 0, 1)),
     ],
     ids=repr,
 )
@@ -108,12 +111,11 @@ def test_worker_of(device, expected):
     [
         ("/job:worker/task:x/device:CPU:0", "bad task index in 'task:x'"),
         ("/job:worker/replica:-1", "bad replica index"),
-        ("/job:/task:0", "bad or repeated part 'job:'"),
-        ("/job:1w/task:0", "bad or repeated part 'job:1w'"),
-        ("/job:a/job:b", "bad or repeated part 'job:b'"),
+        ("/job:/task:0", "bad job name in 'job:'"),
+        ("/job:1w/task:0", "bad job name in 'job:1w'"),
+        ("/job:a/job:b", "repeated part 'job:b'"),
         ("/job:a/task:0/task:1", "repeated part 'task:1'"),
         ("/job:a:b", "malformed part 'job:a:b'"),
-        ("/task:1/device:CPU:0", "a replica or task without a job"),
         ("/job:a/device:CPU", "unexpected part 'device:CPU'"),
         ("/job:a/device:CPU:0/device:CPU:1", "unexpected part 'device:CPU:1'"),
         ("/job:a/foo", "unexpected part 'foo'"),

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import tensorflow as tf
+from absl import logging
 
 from tf_crossdevice import _spec_ops
-from tf_crossdevice._schedules import workers
+from tf_crossdevice._schedules import devices as devices_lib
 
 
 def worker_name(device: str, argument: str) -> str:
@@ -18,7 +18,7 @@ def worker_name(device: str, argument: str) -> str:
             f"{argument}: expected a worker device string such as "
             f"'/job:worker/task:0', got {device!r}"
         )
-    job, replica, task = workers.worker_of(device)
+    job, replica, task = devices_lib.parse_device(device, argument).worker
     return f"/job:{job}/replica:{replica}/task:{task}"
 
 
@@ -36,7 +36,8 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
     Args:
         worker_devices: one device string per worker, e.g.
             `["/job:worker/task:0", "/job:worker/task:1"]`.
-        num_gpus_per_worker: GPUs each worker contributes; 0 uses CPUs.
+        num_gpus_per_worker: GPUs each worker contributes; 0 uses CPUs. Only
+            checked against the values' devices (see below).
         all_reduce_spec: see `SpecAllReduce`. The default reduces inside each
             worker on its CPU, then across workers in 2 shards.
         num_packs: see `SpecAllReduce` (0: no concat-and-split packing).
@@ -47,8 +48,11 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         TypeError: an argument of the wrong type.
         ValueError: no workers, a worker listed twice, a negative
             `num_gpus_per_worker`, or a bad spec or packing argument. At
-            reduce time: a value on a device of an unlisted worker, or of the
-            wrong type (GPU with num_gpus_per_worker=0 or the reverse).
+            reduce time: a value on a device of an unlisted worker.
+
+    The values' devices decide where the reduction runs. Values on CPUs with
+    `num_gpus_per_worker > 0` (legacy GPU jobs run on a laptop, as TF 1
+    allowed), or on GPUs with 0, log one warning naming the mismatch.
 
     The same object also reduces values of one local "worker":
 
@@ -105,6 +109,7 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
             )
         self._worker_names = tuple(names)
         self._num_gpus_per_worker = num_gpus_per_worker
+        self._warned_device_type = False
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
@@ -128,10 +133,17 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
                     f"per_replica_value: device {device!r} is not on a worker "
                     f"in worker_devices {list(self._worker_names)}"
                 )
-            kind = (tf.DeviceSpec.from_string(device).device_type or "").upper()
-            if kind != want_type:
-                raise ValueError(
-                    f"per_replica_value: device {device!r} is a {kind or '?'} "
-                    f"but num_gpus_per_worker={self._num_gpus_per_worker} "
-                    f"means the replicas are {want_type}s"
+            kind = devices_lib.parse_device(device).device_type or ""
+            if kind != want_type and not self._warned_device_type:
+                # TF 1 reduced wherever the values were, and legacy jobs and
+                # TensorFlow's own tests name GPUs but run on CPUs.
+                logging.warning(
+                    "MultiWorkerAllReduce: num_gpus_per_worker=%d means the "
+                    "replicas are %ss, but device %r is a %s; reducing on the "
+                    "values' devices.",
+                    self._num_gpus_per_worker,
+                    want_type,
+                    device,
+                    kind or "device of unknown type",
                 )
+                self._warned_device_type = True

@@ -100,10 +100,23 @@ def make_train_step(replicas, ops, weights, features, batch, learning_rate):
         )
         for r, device in enumerate(replicas.devices):
             with tf.device(device):
-                weights[r].assign_sub(learning_rate * mean_grad.values[r])
-        return mean_loss.values[0]
+                weights[r].assign_sub(
+                    learning_rate * per_replica_results(mean_grad)[r]
+                )
+        return per_replica_results(mean_loss)[0]
 
     return train_step
+
+
+def per_replica_results(value) -> tuple:
+    """A reduction's values, one per replica device.
+
+    As TensorFlow's CrossDeviceOps do, one destination device gives the
+    plain tensor and several a Mirrored value.
+    """
+    if isinstance(value, tf.distribute.DistributedValues):
+        return tuple(value.values)
+    return (value,)
 
 
 def check_one_all_reduce(replicas, ops) -> float:
@@ -116,7 +129,7 @@ def check_one_all_reduce(replicas, ops) -> float:
     @tf.function
     def reduce_known():
         value = replicas.per_replica(lambda r: tf.constant(arrays[r]))
-        return list(ops.reduce("sum", value).values)
+        return list(per_replica_results(ops.reduce("sum", value)))
 
     results = replicas.run(reduce_known, timeout_seconds=_TIMEOUT.value)
     expected = np.sum(arrays, axis=0)

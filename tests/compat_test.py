@@ -64,11 +64,12 @@ def test_variable_aggregation_as_reduce_op(name, aggregation, expected):
     old_style = ops.reduce(
         aggregation=aggregation, per_device_value=value(), destinations=None
     )
-    batch = ops.batch_reduce(aggregation, [(value(), "/cpu:3")])
-    for result in [old_style, batch[0]]:
-        for component in result.values:
-            np.testing.assert_allclose(component.numpy(), expected)
-    assert batch[0].values[0].device.endswith("CPU:3")
+    (to_one_device,) = ops.batch_reduce(aggregation, [(value(), "/cpu:3")])
+    for component in [*old_style.values, to_one_device]:
+        np.testing.assert_allclose(component.numpy(), expected)
+    # One destination: the plain tensor, as TensorFlow returns it.
+    assert isinstance(to_one_device, tf.Tensor)
+    assert to_one_device.device.endswith("CPU:3")
 
 
 def test_aggregation_none_is_refused():

@@ -11,6 +11,7 @@ divides, so half-precision results get a tolerance.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -161,15 +162,56 @@ def _as_array(x):
     return x.numpy() if hasattr(x, "numpy") else x
 
 
-def run(mode: str, build):
-    """Runs `build()` (which returns a list of Mirrored) in `mode`.
+def per_destination(result) -> list:
+    """A result's per-destination values, held to TensorFlow's regroup rule.
+
+    One destination gives the plain tensor (or IndexedSlices), several a
+    Mirrored value, as TensorFlow's own CrossDeviceOps return them.
+    """
+    if isinstance(result, _tf_internal.DistributedValues):
+        assert isinstance(result, _tf_internal.Mirrored), type(result)
+        assert len(result.values) > 1, (
+            "one destination must give the plain value, as TensorFlow's "
+            "regroup does, not a one-component Mirrored"
+        )
+        return list(result.values)
+    assert isinstance(result, (tf.Tensor, tf.IndexedSlices)), type(result)
+    return [result]
+
+
+def run(mode: str, build, scope: str | None = None):
+    """Runs `build()` (which returns a list of results) in `mode`.
+
+    `scope`: a device every mode runs under (`tf.device`), around the
+    function call in "function" mode.
 
     Returns (per value: list of (device, numpy array, dtype)).
     """
+    if mode == "graph":
+        with tf.Graph().as_default() as graph:
+            with _device_scope(scope):
+                results = build()
+            fetches = [per_destination(r) for r in results]
+            meta = [[(c.device, c.dtype) for c in f] for f in fetches]
+            with tf.compat.v1.Session(graph=graph) as session:
+                out = session.run(fetches)
+        return [
+            [(d, to_numpy(c), dt) for (d, dt), c in zip(m, o, strict=True)]
+            for m, o in zip(meta, out, strict=True)
+        ]
+    with _device_scope(scope):
+        return _run_eagerly(mode, build)
+
+
+def _device_scope(device: str | None):
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def _run_eagerly(mode: str, build):
     if mode == "eager":
         results = build()
         return [
-            [(c.device, to_numpy(c), c.dtype) for c in r.values]
+            [(c.device, to_numpy(c), c.dtype) for c in per_destination(r)]
             for r in results
         ]
     if mode == "function":
@@ -179,26 +221,17 @@ def run(mode: str, build):
         def fn():
             results = build()
             seen.extend(
-                [(c.device, c.dtype) for c in r.values] for r in results
+                [(c.device, c.dtype) for c in per_destination(r)]
+                for r in results
             )
-            return [list(r.values) for r in results]
+            return [per_destination(r) for r in results]
 
         out = fn()
         return [
             [(d, to_numpy(c), dt) for (d, dt), c in zip(s, o, strict=True)]
             for s, o in zip(seen, out, strict=True)
         ]
-    assert mode == "graph"
-    with tf.Graph().as_default() as graph:
-        results = build()
-        fetches = [list(r.values) for r in results]
-        meta = [[(c.device, c.dtype) for c in r.values] for r in results]
-        with tf.compat.v1.Session(graph=graph) as session:
-            out = session.run(fetches)
-    return [
-        [(d, to_numpy(c), dt) for (d, dt), c in zip(m, o, strict=True)]
-        for m, o in zip(meta, out, strict=True)
-    ]
+    raise AssertionError(mode)
 
 
 def expected_dtype(dtype, reduce_op):
@@ -375,7 +408,9 @@ class CrossDeviceOpsContract:
         ]
         results = ops.batch_reduce(SUM, pairs)
         for r, result in zip(replicas, results, strict=True):
-            for component, device in zip(result.values, devices, strict=True):
+            for component, device in zip(
+                per_destination(result), devices, strict=True
+            ):
                 assert canonical(component.device) == device
                 np.testing.assert_array_equal(component.numpy(), sum(r))
 
@@ -386,8 +421,9 @@ class CrossDeviceOpsContract:
             t = tf.constant([1.5, 2.5])
         destination = device_names(1, first=5)[0]
         result = ops.reduce(MEAN, t, destination)
-        assert canonical(result.values[0].device) == destination
-        np.testing.assert_array_equal(result.values[0].numpy(), [1.5, 2.5])
+        assert isinstance(result, tf.Tensor), type(result)  # One destination.
+        assert canonical(result.device) == destination
+        np.testing.assert_array_equal(result.numpy(), [1.5, 2.5])
 
     def test_mirrored_strategy_calls_it(self):
         """MirroredStrategy's all_reduce really goes through this object."""
@@ -418,7 +454,7 @@ class CrossDeviceOpsContract:
         @tf.function
         def fn():
             summed = ops.batch_reduce(SUM, [(value, value), (value, None)])
-            return [list(r.values) for r in summed]
+            return [per_destination(r) for r in summed]
 
         for result in fn():
             for component in result:
@@ -439,11 +475,11 @@ class CrossDeviceOpsContract:
         if mode == "graph":
             with tf.Graph().as_default() as graph:
                 value = make_variables()
-                reduced = ops.reduce(SUM, value, None)
-                placed = [c.device for c in reduced.values]
+                reduced = per_destination(ops.reduce(SUM, value, None))
+                placed = [c.device for c in reduced]
                 with tf.compat.v1.Session(graph=graph) as session:
                     session.run(tf.compat.v1.global_variables_initializer())
-                    out = session.run(list(reduced.values))
+                    out = session.run(reduced)
             result = [
                 (d, np.asarray(o), tf.float32)
                 for d, o in zip(placed, out, strict=True)
@@ -534,7 +570,7 @@ class CrossDeviceOpsContract:
             value = _tf_internal.PerReplica(tuple(components))
             fixed = testing.per_replica([tf.ones([3])] * 3, devices)
             summed = ops.batch_reduce(SUM, [(value, None), (fixed, None)])
-            return [list(r.values) for r in summed]
+            return [per_destination(r) for r in summed]
 
         unknown, known = fn(tf.constant([1.0, 2.0]))
         for t in unknown:
@@ -559,3 +595,149 @@ class CrossDeviceOpsContract:
         # TensorFlow's own ops return the tensor itself for SUM and MEAN.
         for v in strategy.experimental_local_results(strategy.run(step)):
             np.testing.assert_allclose(v.numpy(), [1.0, 2.0])
+
+    # ---- TensorFlow parity (issue #11) ----------------------------------
+
+    @pytest.mark.parametrize("mode", MODES)
+    def test_one_destination_gives_the_plain_value(self, mode):
+        """reduce, batch_reduce, broadcast and gather to one device.
+
+        `run` holds every result to TensorFlow's regroup rule (see
+        `per_destination`); here each call also matches TensorFlow's own
+        ReductionToOneDevice side by side.
+        """
+        ops = self.make_ops()
+        devices = device_names(NUM_DEVICES)
+        destination = testing.cpu_devices(8)[7]
+        dense = random_replicas(0, NUM_DEVICES, False)
+        sparse = random_replicas(1, NUM_DEVICES, True)
+
+        def calls(cross_device_ops):
+            value = make_value(dense, tf.float32, False, devices)
+            slices = make_value(sparse, tf.float32, True, devices)
+            return [
+                cross_device_ops.reduce(SUM, value, destination),
+                *cross_device_ops.batch_reduce(
+                    MEAN, [(value, destination), (slices, destination)]
+                ),
+                cross_device_ops.broadcast(value.values[1], destination),
+                cross_device_ops._gather(value, destination, 0),
+            ]
+
+        results = run(mode, lambda: calls(ops))
+        total = sum(densify(r, False) for r in dense)
+        wants = [
+            total,
+            total / NUM_DEVICES,
+            sum(densify(r, True) for r in sparse) / NUM_DEVICES,
+            densify(dense[1], False),
+            np.concatenate([densify(r, False) for r in dense]),
+        ]
+        for result, want in zip(results, wants, strict=True):
+            check(result, want, [destination], tf.float32, SUM)
+        if mode == "eager":
+            ours = calls(ops)
+            theirs = calls(tf.distribute.ReductionToOneDevice())
+            for a, b in zip(ours, theirs, strict=True):
+                assert type(a) is type(b), (type(a), type(b))
+
+    @pytest.mark.parametrize("mode", MODES)
+    def test_destination_strings_complete_from_the_device_scope(self, mode):
+        """A partial destination string takes the rest from `tf.device`."""
+        ops = self.make_ops()
+        devices = device_names(NUM_DEVICES)
+        scope = testing.cpu_devices(8)[5]
+        partial = "/job:localhost/replica:0/task:0"  # The device: scope's.
+        dense = random_replicas(2, NUM_DEVICES, False)
+
+        def build():
+            value = make_value(dense, tf.float32, False, devices)
+            return [
+                ops.reduce(SUM, value, partial),
+                ops.batch_reduce(SUM, [(value, [partial, devices[0]])])[0],
+                ops.broadcast(value.values[1], partial),
+                ops._gather(value, partial, 0),
+            ]
+
+        results = run(mode, build, scope=scope)
+        total = sum(densify(r, False) for r in dense)
+        check(results[0], total, [scope], tf.float32, SUM)
+        check(results[1], total, [scope, devices[0]], tf.float32, SUM)
+        check(results[2], densify(dense[1], False), [scope], tf.float32, SUM)
+        gathered = np.concatenate([densify(r, False) for r in dense])
+        check(results[3], gathered, [scope], tf.float32, SUM)
+        if mode == "eager":  # TensorFlow's own class resolves the same way.
+            with tf.device(scope):
+                theirs = tf.distribute.ReductionToOneDevice().reduce(
+                    SUM, make_value(dense, tf.float32, False, devices), partial
+                )
+            assert canonical(theirs.device) == canonical(scope)
+
+    @pytest.mark.parametrize("mode", MODES)
+    def test_job_less_device_strings(self, mode):
+        """Graph-mode TensorFlow names devices '/replica:0/task:0/...'."""
+        ops = self.make_ops()
+        job_less = [
+            f"/replica:0/task:0/device:CPU:{i}" for i in range(NUM_DEVICES)
+        ]
+        other = "/replica:0/task:0/device:CPU:7"
+        dense = random_replicas(3, NUM_DEVICES, False)
+        sparse = random_replicas(4, NUM_DEVICES, True)
+
+        def build():
+            value = make_value(dense, tf.float32, False, job_less)
+            slices = make_value(sparse, tf.float32, True, job_less)
+            return [
+                ops.reduce(MEAN, value, None),
+                *ops.batch_reduce(SUM, [(value, value), (slices, None)]),
+                ops.reduce(SUM, value, [job_less[1], other]),
+                ops.broadcast(value.values[0], job_less),
+                ops._gather(value, other, 0),
+            ]
+
+        results = run(mode, build)
+        total = sum(densify(r, False) for r in dense)
+        local = [canonical(d) for d in job_less]
+        check(results[0], total / NUM_DEVICES, local, tf.float32, MEAN)
+        check(results[1], total, local, tf.float32, SUM)
+        check(
+            results[2],
+            sum(densify(r, True) for r in sparse),
+            local,
+            tf.float32,
+            SUM,
+        )
+        check(results[3], total, [local[1], canonical(other)], tf.float32, SUM)
+        check(results[4], densify(dense[0], False), local, tf.float32, SUM)
+        gathered = np.concatenate([densify(r, False) for r in dense])
+        check(results[5], gathered, [canonical(other)], tf.float32, SUM)
+
+    def test_reference_typed_values(self):
+        """TF 1 graphs: `assign_add` on a RefVariable gives float32_ref."""
+        ops = self.make_ops()
+        devices = device_names(NUM_DEVICES)
+        with tf.Graph().as_default() as graph:
+            refs = []
+            for i, d in enumerate(devices):
+                with tf.device(d):
+                    variable = tf.compat.v1.Variable(
+                        [float(i + 1)] * 2, use_resource=False
+                    )
+                    refs.append(tf.compat.v1.assign_add(variable, [1.0, 1.0]))
+            assert refs[0].dtype == tf.float32._as_ref
+            value = _tf_internal.PerReplica(tuple(refs))
+            results = [
+                ops.reduce(SUM, value, None),
+                ops.batch_reduce(MEAN, [(value, value)])[0],
+                ops.reduce(SUM, value, devices[0]),
+            ]
+            fetches = [per_destination(r) for r in results]
+            with tf.compat.v1.Session(graph=graph) as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                out = session.run(fetches)
+        # Each variable is i + 1, plus the 1 assign_add adds: 2, 3 and 4.
+        for got, want in zip(out, [9.0, 3.0, 9.0], strict=True):
+            for component in got:
+                np.testing.assert_array_equal(component, [want, want])
+        for fetched in fetches:
+            assert all(c.dtype == tf.float32 for c in fetched)

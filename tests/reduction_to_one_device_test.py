@@ -49,7 +49,7 @@ def test_accumulation_fn_is_used():
     )
     result = ops.reduce("mean", value, "/cpu:0")
     assert calls == [3]
-    np.testing.assert_allclose(result.values[0].numpy(), 7.0 / 3)
+    np.testing.assert_allclose(result.numpy(), 7.0 / 3)
 
 
 @pytest.mark.parametrize(

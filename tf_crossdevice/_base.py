@@ -3,12 +3,14 @@
 `CrossDeviceOpsBase` turns what users and `tf.distribute.MirroredStrategy`
 pass (PerReplica values, tensors, several kinds of destinations) into plain
 lists of tensors and device names, validates them with messages that name the
-argument, and wraps results in `Mirrored` values. Subclasses only implement
+argument, and groups results as TensorFlow does (one destination: the plain
+tensor; several: a `Mirrored` value). Subclasses only implement
 `_all_reduce_dense`: sum a batch of dense values living on the same devices.
 
 Destinations may be None (the value's own devices), a DistributedValues (its
 devices), a tensor or variable (its device), a device string, or a list of
-device strings.
+device strings. Device strings (and a tensor's device) are completed from the
+enclosing `tf.device` scope, as TensorFlow's `device_util.resolve` does.
 
 Dense values whose destinations are exactly their own devices go to the
 subclass's all-reduce. Everything else (other destinations, `IndexedSlices`)
@@ -31,6 +33,7 @@ import tensorflow as tf
 
 from tf_crossdevice import _tf_internal
 from tf_crossdevice._builders import reduction_to_one_device as one_device
+from tf_crossdevice._schedules import devices as devices_lib
 
 ReduceOp: TypeAlias = tf.distribute.ReduceOp
 # Nothing here branches on tensor values, and autograph converting this code
@@ -82,8 +85,12 @@ def check_options(options: Any) -> None:
         )
 
 
-def canonical_device(device: Any, argument: str) -> str:
-    """Canonical device name; ValueError naming `argument` if unparsable."""
+def canonical_device(device: Any, argument: str, scoped: bool = False) -> str:
+    """Canonical device name; ValueError naming `argument` if unparsable.
+
+    With `scoped`, fields the string leaves out come from the enclosing
+    `tf.device` scope, as TensorFlow resolves destination strings.
+    """
     if not isinstance(device, str):
         raise TypeError(
             f"{argument}: expected a device string such as "
@@ -95,6 +102,8 @@ def canonical_device(device: Any, argument: str) -> str:
             "'/device:CPU:0'"
         )
     try:
+        if scoped:
+            return _tf_internal.resolve_device(device)
         return _tf_internal.canonicalize_device(device)
     except (ValueError, TypeError, AssertionError) as e:
         raise ValueError(
@@ -104,14 +113,8 @@ def canonical_device(device: Any, argument: str) -> str:
 
 
 def _device_key(device: str) -> tuple[str, int, int, str, int]:
-    spec = tf.DeviceSpec.from_string(device)
-    return (
-        spec.job or "localhost",
-        spec.replica or 0,
-        spec.task or 0,
-        (spec.device_type or "CPU").upper(),
-        spec.device_index or 0,
-    )
+    name = devices_lib.parse_device(device)
+    return (*name.worker, name.device_type or "CPU", name.device_index or 0)
 
 
 def check_devices_exist(devices: Sequence[str], argument: str) -> None:
@@ -143,6 +146,11 @@ def _as_component(value: Any, argument: str) -> Value:
         with tf.device(value.device):  # Else the read is unplaced in graphs.
             return value.read_value()
     if isinstance(value, tf.Tensor):
+        if value.dtype != value.dtype.base_dtype:
+            # A TF 1 reference (float32_ref, from assign_add on a RefVariable):
+            # reduce its value, as TensorFlow's own CrossDeviceOps do.
+            with tf.device(value.device):
+                return tf.identity(value)
         return value
     raise TypeError(
         f"{argument}: expected {_VALUE_TYPES}, got {type(value).__name__} "
@@ -272,9 +280,15 @@ def resolve_destinations(
             f"{type(destinations).__name__}"
         )
     # Devices taken from values may be '' (see make_item); strings may not.
+    # Strings and placed tensors resolve against the enclosing tf.device
+    # scope (TensorFlow's get_devices_from); a DistributedValues' devices
+    # are already complete.
     from_strings = isinstance(destinations, (str, list, tuple))
+    scoped = destinations is not None and not isinstance(
+        destinations, _tf_internal.DistributedValues
+    )
     canonical = tuple(
-        canonical_device(d, argument) if d or from_strings else ""
+        canonical_device(d, argument, scoped) if d or from_strings else ""
         for d in devices
     )
     check_devices_exist(canonical, argument)
@@ -321,7 +335,15 @@ def copy_value(value: Value, device: str) -> Value:
         return tf.identity(value)
 
 
-def mirrored(values: Sequence[Value]) -> Any:
+def regroup(values: Sequence[Value]) -> Any:
+    """One value per destination, grouped as TensorFlow's `regroup` does.
+
+    One destination gives the plain tensor (or IndexedSlices), several a
+    `Mirrored` value: what TensorFlow's own CrossDeviceOps return, so code
+    that calls `.numpy()` on a single-device result keeps working.
+    """
+    if len(values) == 1:
+        return values[0]
     return _tf_internal.Mirrored(tuple(values))
 
 
@@ -376,7 +398,8 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         """Reduces `per_replica_value` to `destinations` (None: its devices).
 
         Returns:
-            A Mirrored value with one component per destination device.
+            The reduced tensor when there is one destination device, else a
+            Mirrored value with one component per destination device.
         """
         reduce_op = check_reduce_op(reduce_op)
         check_options(options)
@@ -440,7 +463,7 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
             else ""
         )
         devices = resolve_destinations(destinations, [source])
-        return mirrored([copy_value(component, d) for d in devices])
+        return regroup([copy_value(component, d) for d in devices])
 
     @_no_autograph
     def _gather(self, per_replica_value, destinations, axis, options=None):
@@ -459,7 +482,7 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
             per_replica_value, destinations, "per_replica_value", axis
         )
         gathered = _gather_on(item, axis, item.destinations[0])
-        return mirrored([copy_value(gathered, d) for d in item.destinations])
+        return regroup([copy_value(gathered, d) for d in item.destinations])
 
     # ---- The shared machinery -------------------------------------------
 
@@ -526,7 +549,7 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
                     per_device = [
                         _divide_in_place(t, count) for t in per_device
                     ]
-                results[i] = mirrored(per_device)
+                results[i] = regroup(per_device)
         return results
 
     def _reduce_on_one_device(self, reduce_op: ReduceOp, item: Item) -> Any:
@@ -542,7 +565,7 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         if reduce_op == ReduceOp.MEAN:
             with tf.device(device):
                 total = divide(total, self._replica_count(item))
-        return mirrored([copy_value(total, d) for d in item.destinations])
+        return regroup([copy_value(total, d) for d in item.destinations])
 
     def _replica_count(self, item: Item) -> int:
         return len(item.components) * self._num_between_graph_workers

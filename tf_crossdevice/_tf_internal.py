@@ -22,6 +22,15 @@ def canonicalize_device(device: str) -> str:
     return device_util.canonicalize(device)
 
 
+def resolve_device(device: str) -> str:
+    """`device` completed from the enclosing `tf.device` scope, canonical.
+
+    What TensorFlow's CrossDeviceOps do with destination strings: under
+    `tf.device("/job:worker/task:1")`, "/cpu:0" is task 1's CPU.
+    """
+    return device_util.resolve(device)
+
+
 def nccl_all_sum(tensors):
     """TensorFlow's NCCL all-reduce (sum) over tensors on distinct GPUs."""
     from tensorflow.python.ops import nccl_ops  # Loads the NCCL kernels.

@@ -15,7 +15,7 @@ tf_crossdevice.ReductionToOneDevice instead.
 >>> value = tf_crossdevice.testing.per_replica(
 ...     [tf.constant(1.0), tf.constant(3.0)])
 >>> float(ops.reduce(aggregation=tf.VariableAggregation.MEAN,
-...                  per_device_value=value, destinations="/cpu:0").values[0])
+...                  per_device_value=value, destinations="/cpu:0"))
 2.0
 """
 

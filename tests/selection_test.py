@@ -1,6 +1,8 @@
 """select_cross_device_ops: the choice follows devices and links."""
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 import tf_crossdevice
 from tf_crossdevice._schedules import topology
@@ -8,17 +10,37 @@ from tf_crossdevice._schedules import topology
 GPUS = [f"/gpu:{i}" for i in range(8)]
 
 
-def test_cpu_devices_get_hierarchical_copy_without_packs():
-    ops = tf_crossdevice.select_cross_device_ops(
-        tf_crossdevice.testing.cpu_devices(4)
-    )
-    assert type(ops) is tf_crossdevice.HierarchicalCopyAllReduce
-    assert ops._num_packs == 0
+def test_cpu_devices_get_a_packed_configuration():
+    """The benchmark's best on CPUs packs small tensors (issue #12)."""
+    devices = tf_crossdevice.testing.cpu_devices(4)
+    ops = tf_crossdevice.select_cross_device_ops(devices)
+    assert type(ops) is tf_crossdevice.SpecAllReduce
+    assert [r.alg.value for r in ops.all_reduce_spec] == ["pscpu"]
+    assert ops._agg_small_grads_max_bytes == 64 * 1024
+    assert ops._agg_small_grads_max_group == 1024
+    # Packed means fewer all-reduces than tensors: 50 small tensors go
+    # through the spec algorithm as one pack, and the sums are numpy's.
+    calls = []
+    original = ops._reduce_pack
+    ops._reduce_pack = lambda t, i: calls.append(i) or original(t, i)
+    arrays = [np.arange(10, dtype=np.float32) * (k + 1) for k in range(50)]
+    pairs = [
+        (
+            tf_crossdevice.testing.per_replica([tf.constant(a)] * 4, devices),
+            None,
+        )
+        for a in arrays
+    ]
+    results = ops.batch_reduce("sum", pairs)
+    assert len(calls) == 1
+    for array, result in zip(arrays, results, strict=True):
+        for component in result.values:
+            np.testing.assert_array_equal(component.numpy(), 4 * array)
 
 
 def test_a_mix_of_cpu_and_gpu_is_treated_as_cpu():
     ops = tf_crossdevice.select_cross_device_ops(["/cpu:0", "/gpu:0"])
-    assert type(ops) is tf_crossdevice.HierarchicalCopyAllReduce
+    assert type(ops) is tf_crossdevice.SpecAllReduce
 
 
 def test_dgx1_links_get_hierarchical_copy_with_8_packs():

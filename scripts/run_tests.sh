@@ -17,8 +17,6 @@ echo "== ruff check"
 .venv/bin/ruff check .
 echo "== mypy (public API typed; config in mypy.ini)"
 .venv/bin/mypy
-echo "== BUILD lists every module and test"
-.venv/bin/python scripts/update_build.py --check
 echo "== bazel test //... (offline; .bazelrc)"
 PYTHON="$PWD/.venv/bin/python" bash scripts/bazel_test.sh
 echo "== pytest (every test, slow ones included, and every doctest)"

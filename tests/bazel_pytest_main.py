@@ -1,10 +1,11 @@
 """Runs pytest on the paths given as arguments, as Bazel's py_test `main`.
 
-Every py_test in BUILD runs this file with one test file (or a directory, for
-the doctests) as its argument. It runs pytest from the workspace root of the
-test's runfiles, so the top-level conftest.py (8 logical CPU devices) and
-pytest.ini apply exactly as in a plain `pytest` run, and exits with pytest's
-exit code. Outside Bazel it works the same from the repository:
+Every py_test in BUILD runs this file with one test file (or, for the
+doctests, the package directories) as its arguments. It runs pytest from the
+workspace root of the test's runfiles, so the top-level conftest.py (8
+logical CPU devices) and pytest.ini apply exactly as in a plain `pytest`
+run, and exits with pytest's exit code. Outside Bazel it works the same from
+the repository:
 
     python tests/bazel_pytest_main.py tests/packing_test.py
 

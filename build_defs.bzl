@@ -1,0 +1,43 @@
+"""pytest_tests: one py_test per tests/*_test.py, each run through pytest."""
+
+_RUNNER = "tests/bazel_pytest_main.py"
+
+def pytest_tests(deps, slow = [], multiprocess = [], data = {}):
+    """Declares a py_test, named after the file, for every tests/*_test.py.
+
+    Each runs tests/bazel_pytest_main.py, which runs pytest on that one file
+    from the runfiles root (so conftest.py and pytest.ini apply). A new test
+    file needs no BUILD edit unless it belongs in one of the lists below.
+
+    Args:
+      deps: what every test depends on.
+      slow: tests tagged "slow" (exactly the files that use pytest.mark.slow;
+        tests/bazel_tags_test.py checks). .bazelrc leaves them out by default.
+      multiprocess: tests that start worker processes: tagged "multiprocess"
+        (left out by --config=quick), "exclusive" (run alone: beside another
+        TensorFlow test on 2 cores, workers missed their start-up deadlines)
+        and "requires-network" (they talk over 127.0.0.1).
+      data: extra runfiles by test name, e.g. another test file it imports.
+    """
+    files = native.glob(["tests/*_test.py"])
+    names = [f[len("tests/"):-len(".py")] for f in files]
+    for name in slow + multiprocess + list(data):
+        if name not in names:
+            fail("pytest_tests: no tests/%s.py for the name '%s'" % (name, name))
+    for name, src in zip(names, files):
+        tags = []
+        if name in slow:
+            tags.append("slow")
+        if name in multiprocess:
+            tags += ["exclusive", "multiprocess", "requires-network"]
+        native.py_test(
+            name = name,
+            # "large" (15 minutes) for the tests that start workers or train.
+            size = "large" if tags else "medium",
+            srcs = [_RUNNER, src],
+            main = _RUNNER,
+            args = [src],
+            data = data.get(name, []),
+            tags = tags,
+            deps = deps,
+        )

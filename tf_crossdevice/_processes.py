@@ -369,7 +369,7 @@ def stop_all(
     deadline = time.monotonic() + grace_seconds
     while time.monotonic() < deadline:
         if all(
-            _has_exited(c.process) and not any(p.is_running() for p in tree)
+            _has_exited(c.process) and not any(map(_is_alive, tree))
             for c, tree in zip(claimed, trees, strict=True)
         ):
             break
@@ -390,6 +390,14 @@ def _tree(process: subprocess.Popen[str]) -> list[psutil.Process]:
         return psutil.Process(process.pid).children(recursive=True)
     except psutil.Error:
         return []
+
+
+def _is_alive(process: psutil.Process) -> bool:
+    """False once `process` exited, also while it waits to be reaped."""
+    try:  # is_running() also says False for a reused pid.
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _signal_tree(

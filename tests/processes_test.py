@@ -190,3 +190,30 @@ def test_child_env_makes_the_package_importable_and_names_the_parent(
 def test_a_command_that_cannot_start_raises():
     with pytest.raises(OSError):
         _processes.Child([sys.executable + "-does-not-exist"])
+
+
+@pytest.mark.parametrize(
+    "code, error",
+    [
+        pytest.param("print('a'); print('b')", None, id="exits_0"),
+        pytest.param(
+            "print('a'); print('b'); raise SystemExit('bad end')",
+            "exited with code 1; stderr tail:\nbad end",
+            id="exits_1",
+        ),
+        pytest.param(
+            "print('a'); print('b', flush=True); import time; time.sleep(60)",
+            "not done within 0.5 s",
+            id="too_slow",
+        ),
+    ],
+)
+def test_read_all_returns_the_output_of_a_child_that_succeeded(code, error):
+    with _processes.Child([sys.executable, "-c", code], name="script") as c:
+        if error is None:
+            assert c.read_all(timeout=TIMEOUT) == ["a", "b"]
+            assert c.process.returncode == 0
+        else:
+            timeout = 0.5 if "0.5" in error else TIMEOUT
+            with pytest.raises(_processes.ChildError, match=error):
+                c.read_all(timeout=timeout)

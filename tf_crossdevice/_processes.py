@@ -9,10 +9,11 @@ Parent side: `Child` (or `start_module`) starts a command in its own process
 group with stdin and stdout as pipes and stderr in an anonymous temporary
 file (nothing stays on disk, even when the parent is killed). The parent
 sends JSON commands with `send` and reads the child's answers with `receive`
-(or `poll`, which does not block); `read_line` reads plain stdout lines of a
-child that does not speak the protocol. `stop` (also at interpreter exit)
-closes stdin, sends SIGTERM, waits a grace period and then SIGKILLs the
-whole process tree, grandchildren in their own sessions included.
+(or `poll`, which does not block); `read_line` and `read_all` read plain
+stdout lines of a child that does not speak the protocol. `stop` (also at
+interpreter exit) closes stdin, sends SIGTERM, waits a grace period and then
+SIGKILLs the whole process tree, grandchildren in their own sessions
+included.
 
 Child side: `exit_when_parent_goes` ends the child when its launcher is gone;
 `commands` yields the parent's JSON commands until end of input; `reply`
@@ -197,6 +198,28 @@ class Child:
                 self.process.poll(),
             ) from e
 
+    def _next_line(self, deadline: float | None) -> str | None:
+        """The next stdout line; None if none came by `deadline` (a
+        `time.monotonic()` value; None: do not wait).
+
+        Raises:
+            ChildError: the child's stdout ended.
+        """
+        if self._ended:
+            raise self._ended_error()
+        try:
+            if deadline is None:
+                line = self._lines.get_nowait()
+            else:
+                timeout = max(0.0, deadline - time.monotonic())
+                line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if line is None:
+            self._ended = True
+            raise self._ended_error()
+        return line
+
     def read_line(self, timeout: float) -> str:
         """The next line the child printed, without its newline.
 
@@ -204,28 +227,48 @@ class Child:
             ChildError: no line within `timeout` seconds, or the child's
                 stdout ended (the message has its exit status and stderr).
         """
-        if self._ended:
-            raise self._ended_error()
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise ChildError(
-                f"{self.name}: no answer within {timeout:g} s"
-            ) from None
+        line = self._next_line(time.monotonic() + timeout)
         if line is None:
-            self._ended = True
-            raise self._ended_error()
+            raise ChildError(f"{self.name}: no line within {timeout:g} s")
         return line
+
+    def read_all(self, timeout: float) -> list[str]:
+        """Every line not read yet, up to the end of the child's stdout.
+
+        For a child that runs to its end (a script whose output is checked).
+
+        Raises:
+            ChildError: the child was not done within `timeout` seconds, or
+                it exited with a status other than 0.
+        """
+        deadline = time.monotonic() + timeout
+        lines: list[str] = []
+        while True:
+            try:
+                line = self._next_line(deadline)
+            except ChildError as e:
+                if e.returncode == 0:
+                    return lines
+                raise
+            if line is None:
+                raise ChildError(
+                    f"{self.name}: not done within {timeout:g} s; "
+                    f"{self._stderr_tail()}"
+                )
+            lines.append(line)
 
     def receive(self, timeout: float) -> dict[str, Any]:
         """The child's next `reply`; lines without `MARK` are skipped.
 
         Raises:
-            ChildError: as `read_line`.
+            ChildError: no reply within `timeout` seconds, or the child's
+                stdout ended (the message has its exit status and stderr).
         """
         deadline = time.monotonic() + timeout
         while True:
-            line = self.read_line(max(0.0, deadline - time.monotonic()))
+            line = self._next_line(deadline)
+            if line is None:
+                raise ChildError(f"{self.name}: no answer within {timeout:g} s")
             if line.startswith(MARK):
                 message: dict[str, Any] = json.loads(line[len(MARK) :])
                 return message
@@ -237,15 +280,10 @@ class Child:
             ChildError: the child's stdout ended with no reply left.
         """
         while True:
-            if self._ended:
-                raise self._ended_error()
-            try:
-                line = self._lines.get_nowait()
-            except queue.Empty:
-                return None
+            line = self._next_line(None)
             if line is None:
-                self._ended = True
-            elif line.startswith(MARK):
+                return None
+            if line.startswith(MARK):
                 message: dict[str, Any] = json.loads(line[len(MARK) :])
                 return message
 

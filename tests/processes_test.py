@@ -91,10 +91,15 @@ def test_a_child_that_dies_is_reported_with_its_stderr_tail():
                 child.send({"echo": "anyone?"})
 
 
-def test_a_killed_child_is_named_by_its_signal():
-    with start_child() as child:
-        child.send({"echo": 0})
+@pytest.mark.parametrize(
+    "args", [pytest.param([], id="protocol"), pytest.param(["--worker"])]
+)
+def test_a_killed_child_is_named_by_its_signal(args):
+    with start_child(*args) as child:
+        if not args:
+            child.send({"echo": 0})
         child.receive(timeout=TIMEOUT)
+        # SIGKILL, not the end of stdin that a worker exits 0 on.
         child.kill()
         assert child.process.returncode == -signal.SIGKILL
         with pytest.raises(_processes.ChildError, match="killed by SIGKILL"):

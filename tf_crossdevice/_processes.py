@@ -330,8 +330,9 @@ class Child:
         Keeps its stderr readable; `stop` still closes it. Does nothing to
         a child that was already reaped.
         """
-        _close_stdin(self.process)
+        # Signal first: end of file on stdin could end it with status 0.
         _signal_tree(self.process, _tree(self.process), signal.SIGKILL)
+        _close_stdin(self.process)
         self.process.wait()
 
     def stop(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:

@@ -28,6 +28,10 @@ setuptools.setup(
         "tensorflow~=2.21.0",
         "absl-py>=1.0",
         "numpy>=1.26",
+        # Worker processes (tf_crossdevice/_processes.py): portpicker picks
+        # free ports, psutil finds a worker's process tree to stop it whole.
+        "portpicker>=1.6",
+        "psutil>=5.9",
     ],
     extras_require={
         # pytest-xdist runs the suite on both cores of a small machine.
@@ -42,7 +46,7 @@ setuptools.setup(
             "tqdm>=4.66",
         ],
         # Pinned: a new release's rules would otherwise fail CI on its own.
-        "dev": ["ruff==0.17.6", "mypy==2.4.1"],
+        "dev": ["ruff==0.17.6", "mypy==2.4.1", "types-psutil>=7.0"],
     },
     classifiers=["Programming Language :: Python :: 3"],
 )

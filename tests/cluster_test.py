@@ -1,10 +1,11 @@
 """Tests for tf_crossdevice.cluster: real worker processes on 127.0.0.1.
 
 The client side (`tf.config.experimental_connect_to_cluster`) always runs in
-a subprocess: connecting changes process-wide TensorFlow state, and this
+a child process: connecting changes process-wide TensorFlow state, and this
 pytest process is shared with every other test. The client starts before the
-cluster and waits for the cluster spec on stdin, so that its TensorFlow
-import overlaps the workers' start.
+cluster and waits for the cluster spec as its first command, so that its
+TensorFlow import overlaps the workers' start. Every process is started and
+stopped through tf_crossdevice._processes.
 """
 
 from __future__ import annotations
@@ -12,19 +13,17 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import queue
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
 
-from tf_crossdevice import _worker_main
+from tf_crossdevice import _processes, _worker_main
 from tf_crossdevice import cluster as cluster_lib
 from tf_crossdevice.cluster import start_local_cluster
 
@@ -32,15 +31,16 @@ pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-# Reads {"spec", "devices", "inputs"} from stdin, squares inputs[k] eagerly
-# and inside a tf.function on devices[k], sums the squares on devices[0] and
-# prints the devices it saw and the results as JSON.
+# Takes {"spec", "devices", "inputs"} as its command, squares inputs[k]
+# eagerly and inside a tf.function on devices[k], sums the squares on
+# devices[0] and replies with the devices it saw and the results.
 CLIENT = """
-import json, sys
 import numpy as np
 import tensorflow as tf
+from tf_crossdevice import _processes
 
-request = json.loads(sys.stdin.readline())
+_processes.exit_when_parent_goes()
+request = next(_processes.commands())
 tf.config.experimental_connect_to_cluster(
     tf.train.ClusterSpec(request["spec"]))
 devices = request["devices"]
@@ -61,12 +61,12 @@ def sum_of_squares(xs):
         return tf.add_n(squares)
 
 total = sum_of_squares(inputs)
-print(json.dumps({
+_processes.reply({
     "listed": [d.name for d in tf.config.list_logical_devices("CPU")],
     "eager_devices": eager_devices,
     "total": total.numpy().tolist(),
     "total_device": total.device,
-}))
+})
 """
 
 
@@ -89,20 +89,25 @@ def _wait_until_closed(address: str, timeout_seconds: float) -> bool:
 
 
 def _our_workers(launcher_pid: int | None = None) -> list[int]:
-    """Pids of live workers launched by this process (or `launcher_pid`)."""
-    launcher_pid = os.getpid() if launcher_pid is None else launcher_pid
-    marker = f"--parent_pid={launcher_pid}".encode()
+    """Pids of live workers launched by this process (or `launcher_pid`).
+
+    Found by the launcher pid that `_processes.child_env` gives every child
+    (so also after the launcher died) and a `--task_index=` argument.
+    """
+    launcher = str(os.getpid() if launcher_pid is None else launcher_pid)
     pids = []
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for process in psutil.process_iter():
         try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
+            if (
+                process.environ().get(_processes.PARENT_PID_ENV) == launcher
+                and any(
+                    a.startswith("--task_index=") for a in process.cmdline()
+                )
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
+                pids.append(process.pid)
+        except psutil.Error:
             continue
-        if marker in cmdline and state != "Z":
-            pids.append(int(entry.name))
     return pids
 
 
@@ -124,48 +129,40 @@ def _expected_devices(num_workers: int, cpus: int) -> list[str]:
 def test_client_sees_devices_and_sums_across_workers(
     num_workers, cpus_per_worker
 ):
-    client = subprocess.Popen(
-        [sys.executable, "-c", CLIENT],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        with start_local_cluster(
+    with (
+        _processes.Child(
+            [sys.executable, "-c", CLIENT], name="client"
+        ) as client,
+        start_local_cluster(
             num_workers, cpus_per_worker=cpus_per_worker
-        ) as cluster:
-            devices = cluster.worker_devices()
-            assert devices == _expected_devices(num_workers, cpus_per_worker)
-            gpus = len(tf.config.list_physical_devices("GPU"))
-            assert cluster.worker_devices("GPU") == [
-                f"/job:worker/replica:0/task:{t}/device:GPU:{g}"
-                for t in range(num_workers)
-                for g in range(gpus)
-            ]
-            with pytest.raises(ValueError, match="device_type: .* got 'TPU'"):
-                cluster.worker_devices("TPU")
-            assert cluster.num_workers == num_workers
-            addresses = cluster.cluster_spec.as_dict()["worker"]
-            assert addresses == cluster.addresses
-            assert len(set(addresses)) == num_workers
-            # The last device of every worker: CPU:1 where there are two.
-            used = devices[cpus_per_worker - 1 :: cpus_per_worker]
-            rng = np.random.default_rng(num_workers)
-            inputs = rng.uniform(-2, 2, size=(num_workers, 3, 5))
-            inputs = inputs.astype(np.float32)
-            request = {
-                "spec": cluster.cluster_spec.as_dict(),
-                "devices": used,
-                "inputs": inputs.tolist(),
-            }
-            out, err = client.communicate(json.dumps(request), timeout=60)
-            assert client.returncode == 0, err[-3000:]
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait()
-    result = json.loads(out.strip().splitlines()[-1])
+        ) as cluster,
+    ):
+        devices = cluster.worker_devices()
+        assert devices == _expected_devices(num_workers, cpus_per_worker)
+        gpus = len(tf.config.list_physical_devices("GPU"))
+        assert cluster.worker_devices("GPU") == [
+            f"/job:worker/replica:0/task:{t}/device:GPU:{g}"
+            for t in range(num_workers)
+            for g in range(gpus)
+        ]
+        with pytest.raises(ValueError, match="device_type: .* got 'TPU'"):
+            cluster.worker_devices("TPU")
+        assert cluster.num_workers == num_workers
+        addresses = cluster.cluster_spec.as_dict()["worker"]
+        assert addresses == cluster.addresses
+        assert len(set(addresses)) == num_workers
+        # The last device of every worker: CPU:1 where there are two.
+        used = devices[cpus_per_worker - 1 :: cpus_per_worker]
+        rng = np.random.default_rng(num_workers)
+        inputs = rng.uniform(-2, 2, size=(num_workers, 3, 5))
+        inputs = inputs.astype(np.float32)
+        request = {
+            "spec": cluster.cluster_spec.as_dict(),
+            "devices": used,
+            "inputs": inputs.tolist(),
+        }
+        client.send(request)
+        result = client.receive(timeout=60)
     remote = [d for d in result["listed"] if d.startswith("/job:worker/")]
     assert remote == devices
     assert result["eager_devices"] == used
@@ -210,7 +207,7 @@ def _fake_worker(code: str):
             sys.executable,
             "-c",
             f"task = {task_index}\n{code}",
-            f"--parent_pid={os.getpid()}",  # Found by _our_workers().
+            f"--task_index={task_index}",  # Found by _our_workers().
         ]
 
     return command
@@ -248,13 +245,13 @@ def test_taken_port_is_retried_on_new_ports(monkeypatch):
         other_server.listen()
         taken = other_server.getsockname()[1]
         calls = []
-        pick = cluster_lib._pick_free_ports
+        pick = _processes.free_ports
 
-        def pick_taken_first(host, n):
+        def pick_taken_first(n):
             calls.append(n)
-            return [taken] if len(calls) == 1 else pick(host, n)
+            return [taken] if len(calls) == 1 else pick(n)
 
-        monkeypatch.setattr(cluster_lib, "_pick_free_ports", pick_taken_first)
+        monkeypatch.setattr(_processes, "free_ports", pick_taken_first)
         # A real worker: TF's own bind error must be recognised as a race.
         with start_local_cluster(1) as cluster:
             assert calls == [1, 1]
@@ -267,13 +264,13 @@ def test_ports_taken_every_time_raises_after_bounded_attempts(monkeypatch):
     code = f"import sys\nsys.exit({_worker_main.EXIT_BIND_FAILED})\n"
     monkeypatch.setattr(cluster_lib, "_worker_command", _fake_worker(code))
     picked = []
-    pick = cluster_lib._pick_free_ports
+    pick = _processes.free_ports
 
-    def pick_and_count(host, n):
+    def pick_and_count(n):
         picked.append(n)
-        return pick(host, n)
+        return pick(n)
 
-    monkeypatch.setattr(cluster_lib, "_pick_free_ports", pick_and_count)
+    monkeypatch.setattr(_processes, "free_ports", pick_and_count)
     with pytest.raises(RuntimeError, match="in 3 attempts, ports were taken"):
         start_local_cluster(2)
     assert picked == [2, 2, 2]
@@ -308,39 +305,22 @@ class _Cli:
     """`python -m tf_crossdevice.cluster`, its stdout read line by line."""
 
     def __init__(self, *flags: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tf_crossdevice.cluster", *flags],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        self.child = _processes.start_module(
+            "tf_crossdevice.cluster", *flags, name="cluster CLI", cwd=REPO
         )
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read_stdout, daemon=True).start()
-
-    def _read_stdout(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self._lines.put(line)
-
-    def next_line(self, timeout: float) -> str:
-        try:
-            return self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no output line within {timeout} s") from None
+        self.process = self.child.process
 
     def addresses(self) -> list[str]:
-        spec = json.loads(self.next_line(timeout=60))
+        spec = json.loads(self.child.read_line(timeout=60))
         assert list(spec) == ["worker"]
-        assert f"kill -TERM {self.process.pid}" in self.next_line(timeout=10)
+        line = self.child.read_line(timeout=10)
+        assert f"kill -TERM {self.process.pid}" in line
         return spec["worker"]
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        self.child.stop()
         for pid in _our_workers(self.process.pid):  # Only if a test failed.
-            os.kill(pid, signal.SIGKILL)
+            psutil.Process(pid).kill()
 
 
 @pytest.fixture(scope="module")
@@ -363,8 +343,7 @@ def test_cli_prints_spec_and_stops_on_sigterm(clis):
     assert len(_our_workers(cli.process.pid)) == 2
     cli.process.send_signal(signal.SIGTERM)
     cli.process.wait(timeout=30)
-    assert cli.process.stderr is not None
-    assert cli.process.returncode == 0, cli.process.stderr.read()[-3000:]
+    assert cli.process.returncode == 0, cli.child.stderr_text(3000)
     assert not any(_port_open(a) for a in addresses)
     assert _our_workers(cli.process.pid) == []
 

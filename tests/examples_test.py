@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+
+from tf_crossdevice import _processes
 
 pytestmark = pytest.mark.slow
 
@@ -15,16 +16,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_example(name, *args, timeout=300):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", name), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    """Its stdout; raises with its stderr tail unless it exits with 0.
+
+    On a timeout or failure the example's workers are stopped with it.
+    """
+    argv = [sys.executable, os.path.join(ROOT, "examples", name), *args]
+    with _processes.Child(argv, name=name) as example:
+        return "\n".join(example.read_all(timeout))
 
 
 def losses(output):

@@ -1,29 +1,24 @@
 """Client side of the multi-worker tests, run as its own process.
 
-Reads one JSON job on stdin, connects to the cluster it names, runs each case
-(a CrossDeviceOps config reducing `make_inputs` across the workers' devices)
-and prints one JSON result per line. The test process computes what numpy
-says the results must be; this process only reports what TensorFlow did.
+Started by the tests with `_processes.start_module("tests.multi_worker_client",
+cwd=<repository root>)`. Takes one job as its first command, connects to the
+cluster it names, runs each case (a CrossDeviceOps config reducing
+`make_inputs` across the workers' devices) and replies once per result. The
+test process computes what numpy says the results must be; this process only
+reports what TensorFlow did.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import tf_crossdevice  # noqa: E402
-from tests import contract  # noqa: E402
-from tf_crossdevice import multi_worker  # noqa: E402
+import tf_crossdevice
+from tests import contract
+from tf_crossdevice import _processes, multi_worker
 
 # (shape, dtype) of each value in the batch: scalars to a few KB, two dtypes.
 BATCH = (
@@ -99,16 +94,13 @@ def run_cases(job):
         placed: list = []
         step = make_step(ops, inputs, replicas, placed, case["reduce_op"])
         out = replicas.run(step, timeout_seconds=120)
-        print(
-            json.dumps(
-                {
-                    "name": case["name"],
-                    "devices": placed,
-                    "results": [[c.numpy().tolist() for c in r] for r in out],
-                    "dtypes": [[c.dtype.name for c in r] for r in out],
-                }
-            ),
-            flush=True,
+        _processes.reply(
+            {
+                "name": case["name"],
+                "devices": placed,
+                "results": [[c.numpy().tolist() for c in r] for r in out],
+                "dtypes": [[c.dtype.name for c in r] for r in out],
+            }
         )
 
 
@@ -127,7 +119,7 @@ def run_until_failure(job):
         return [tf.reduce_sum(c) for c in ops.reduce("sum", value).values]
 
     replicas.run(step)  # Traced and warm.
-    print(json.dumps({"ready": True}), flush=True)
+    _processes.reply({"ready": True})
     start = time.monotonic()
     try:
         while time.monotonic() - start < job["seconds"]:
@@ -140,7 +132,7 @@ def run_until_failure(job):
             "workers": list(getattr(e, "workers", ())),
         }
     result["elapsed"] = time.monotonic() - start
-    print(json.dumps(result), flush=True)
+    _processes.reply(result)
     os._exit(0)  # A stuck step's thread must not keep the process alive.
 
 
@@ -182,22 +174,20 @@ def run_legacy_graph(job):
             configure_error = None
         except ValueError as e:
             configure_error = str(e)
-    print(
-        json.dumps(
-            {
-                "calls": len(calls),
-                "devices": placed,
-                "values": [v.tolist() for v in values],
-                "configure_error": configure_error,
-            }
-        ),
-        flush=True,
+    _processes.reply(
+        {
+            "calls": len(calls),
+            "devices": placed,
+            "values": [v.tolist() for v in values],
+            "configure_error": configure_error,
+        }
     )
 
 
 if __name__ == "__main__":
+    _processes.exit_when_parent_goes()
     tf.get_logger().setLevel("ERROR")  # Each case traces its own function.
-    job = json.loads(sys.stdin.read())
+    job = next(_processes.commands())
     {
         "cases": run_cases,
         "until_failure": run_until_failure,

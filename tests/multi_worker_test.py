@@ -2,18 +2,16 @@
 
 Workers are tf.distribute.Server processes (tf_crossdevice.cluster); the
 client that connects to them runs in its own process
-(tests/multi_worker_client.py) because connecting changes process-wide
-TensorFlow state. Every cluster is stopped when its test module ends, also
-on failure.
+(tests/multi_worker_client.py, started through tf_crossdevice._processes)
+because connecting changes process-wide TensorFlow state. Every cluster and
+client is stopped when its test (module) ends, also on failure.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -22,11 +20,11 @@ import tensorflow as tf
 
 import tf_crossdevice
 from tests import multi_worker_client
-from tf_crossdevice import cluster
+from tf_crossdevice import _processes, cluster
 
 pytestmark = pytest.mark.slow
 
-CLIENT = os.path.join(os.path.dirname(__file__), "multi_worker_client.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Specs that run on CPU workers, in both forms of the spec grammar.
 SPECS = {
@@ -82,19 +80,25 @@ def cases_for(replicas_per_worker):
     return cases
 
 
-def run_client(job, timeout=600):
-    proc = subprocess.run(
-        [sys.executable, CLIENT],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+def start_client(job):
+    """The client process, given `job` as its command."""
+    client = _processes.start_module(
+        "tests.multi_worker_client", name=f"client ({job['mode']})", cwd=ROOT
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [
-        json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")
-    ]
-    return lines, proc.stderr
+    client.send(job)
+    return client
+
+
+def run_client(job, replies, timeout=600):
+    """Runs `job` in a client; returns its `replies` answers and stderr."""
+    deadline = time.monotonic() + timeout
+    with start_client(job) as client:
+        lines = [
+            client.receive(timeout=deadline - time.monotonic())
+            for _ in range(replies)
+        ]
+        assert client.wait(timeout=60) == 0, client.stderr_text(3000)
+        return lines, client.stderr_text()
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2_workers", "3_workers"])
@@ -113,7 +117,7 @@ def results(workers):
         "cluster": c.cluster_spec.as_dict(),
         "cases": cases_for(1) + cases_for(2),
     }
-    lines, stderr = run_client(job)
+    lines, stderr = run_client(job, replies=len(job["cases"]))
     return (
         num_workers,
         job["cases"],
@@ -164,53 +168,24 @@ def test_nccl_stage_on_cpu_workers_says_what_it_used(results):
     assert "devices are not all GPUs" in stderr
 
 
-def start_failing_client(c, **job):
-    proc = subprocess.Popen(
-        [sys.executable, CLIENT],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    proc.stdin.write(
-        json.dumps(
-            {
-                "mode": "until_failure",
-                "cluster": c.cluster_spec.as_dict(),
-                **job,
-            }
-        )
-    )
-    proc.stdin.close()
-    proc.stdin = None  # So that communicate() does not flush it.
-    ready = json.loads(proc.stdout.readline() or "{}")
-    assert ready.get("ready"), proc.stderr.read()[-3000:]
-    return proc
-
-
-def finish(proc, timeout=60):
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    assert lines, err[-3000:]
-    return lines[-1]
+@contextlib.contextmanager
+def failing_client(c, **job):
+    """A client repeating a reduction on `c`, ready (traced and warm)."""
+    job = {"mode": "until_failure", "cluster": c.cluster_spec.as_dict(), **job}
+    with start_client(job) as client:
+        assert client.receive(timeout=300) == {"ready": True}
+        yield client
 
 
 def test_killed_worker_fails_the_step_naming_it():
-    with cluster.start_local_cluster(3) as c:
-        proc = start_failing_client(c, elements=5_000_000, seconds=60)
-        try:
-            time.sleep(0.5)  # Mid-way through a stream of reductions.
-            c.kill_worker(1)
-            killed = time.monotonic()
-            result = finish(proc)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with (
+        cluster.start_local_cluster(3) as c,
+        failing_client(c, elements=5_000_000, seconds=60) as client,
+    ):
+        time.sleep(0.5)  # Mid-way through a stream of reductions.
+        c.kill_worker(1)
+        killed = time.monotonic()
+        result = client.receive(timeout=60)
         reported = time.monotonic() - killed
     assert result["error"] == "WorkerUnreachableError", result
     assert "/job:worker/replica:0/task:1" in result["message"]
@@ -220,19 +195,19 @@ def test_killed_worker_fails_the_step_naming_it():
 
 
 def test_hung_worker_is_bounded_by_timeout_seconds():
-    with cluster.start_local_cluster(2) as c:
-        proc = start_failing_client(
+    with (
+        cluster.start_local_cluster(2) as c,
+        failing_client(
             c, elements=100_000, seconds=60, timeout_seconds=3
-        )
+        ) as client,
+    ):
+        os.kill(c.processes[1].pid, signal.SIGSTOP)
         try:
-            os.kill(c.processes[1].pid, signal.SIGSTOP)
             stopped = time.monotonic()
-            result = finish(proc)
+            result = client.receive(timeout=60)
+            reported = time.monotonic() - stopped
         finally:
             os.kill(c.processes[1].pid, signal.SIGCONT)
-            if proc.poll() is None:
-                proc.kill()
-        reported = time.monotonic() - stopped
     assert result["error"] == "DeadlineExceededError", result
     assert "timeout_seconds" in result["message"]
     assert c.addresses[1] in result["message"]
@@ -255,7 +230,8 @@ def test_legacy_graph_mode_mirrored_strategy_over_workers(workers, reduce_op):
             "replicas_per_worker": 2,
             "spec": "pscpu/pscpu#2",
             "reduce_op": reduce_op,
-        }
+        },
+        replies=1,
     )
     got = lines[-1]
     n = 2 * num_workers

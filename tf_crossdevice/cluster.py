@@ -10,8 +10,10 @@ process that runs the multi-worker computation, not in a test runner shared
 with other tests.
 
 Workers always go away: `LocalCluster.stop()` runs on leaving a `with` block
-(also on exceptions) and at interpreter exit, and every worker exits by itself
-when the launching process dies (it watches a pipe the parent holds).
+(also on exceptions), each worker is stopped at interpreter exit, and every
+worker exits by itself when the launching process dies (it watches a pipe
+the parent holds and its parent's pid). Processes are started, watched and
+stopped by `tf_crossdevice._processes`.
 
 Caveat: TensorFlow's gRPC server listens on every interface (`0.0.0.0`,
 hard-coded in TF 2.21's grpc_server_lib.cc) whatever `host` says; `host` is
@@ -27,39 +29,30 @@ SIGTERM, then stops the workers and exits 0):
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import dataclasses
 import json
 import os
-import pathlib
 import re
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import types
-from typing import IO
 
 import tensorflow as tf
 from absl import app, flags, logging
 
-from tf_crossdevice import _worker_main
+from tf_crossdevice import _processes, _worker_main
 
 _WORKER_MODULE = "tf_crossdevice._worker_main"
 _MAX_START_ATTEMPTS = 3
 _POLL_SECONDS = 0.05
-_STOP_GRACE_SECONDS = 5.0
 _STDERR_TAIL_CHARS = 2000
 _DEVICE_TYPES = ("CPU", "GPU")
 # DeviceNameUtils' job name syntax.
 _JOB_NAME_RE = re.compile(r"[a-zA-Z][_a-zA-Z0-9]*")
-# The directory that holds the `tf_crossdevice` package, so that workers can
-# import it even when it is not installed.
-_PACKAGE_PARENT = str(pathlib.Path(__file__).absolute().parent.parent)
 
 
 class _PortTakenError(Exception):
@@ -71,13 +64,8 @@ class _Worker:
     task_index: int
     host: str
     port: int
-    process: subprocess.Popen[bytes]
-    # Anonymous temporary files the worker writes to. Read with os.pread,
-    # which leaves the offset that the worker shares alone; nothing is left
-    # on disk, even when this process is killed.
-    stdout: IO[bytes]
-    stderr: IO[bytes]
-    devices: dict[str, int] | None = None  # From the readiness line.
+    child: _processes.Child
+    devices: dict[str, int] | None = None  # From the readiness reply.
     accepting: bool = False
 
     @property
@@ -85,26 +73,9 @@ class _Worker:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
-    def stdout_text(self) -> str:
-        return _read_tail(self.stdout, None)
-
     def stderr_tail(self) -> str:
-        tail = _read_tail(self.stderr, _STDERR_TAIL_CHARS).strip()
+        tail = self.child.stderr_text(_STDERR_TAIL_CHARS).strip()
         return tail or "<stderr empty>"
-
-    def close_logs(self) -> None:
-        self.stdout.close()
-        self.stderr.close()
-
-
-def _read_tail(file: IO[bytes], limit: int | None) -> str:
-    """The last `limit` bytes of `file` (all if None), decoded."""
-    if file.closed:
-        return "<closed>"
-    fd = file.fileno()
-    size = os.fstat(fd).st_size
-    start = 0 if limit is None else max(0, size - limit)
-    return os.pread(fd, size - start, start).decode(errors="replace")
 
 
 class LocalCluster:
@@ -112,8 +83,8 @@ class LocalCluster:
 
     Create one with `start_local_cluster`, which waits until every worker
     serves; see its docstring for an example. Use it as a context manager or
-    call `stop()`; either way the workers are also stopped at interpreter
-    exit and die by themselves if this process dies.
+    call `stop()`; the workers are also stopped at interpreter exit and die
+    by themselves if this process dies.
 
     Attributes:
         cluster_spec: `tf.train.ClusterSpec` with one job (`job_name`) whose
@@ -132,7 +103,6 @@ class LocalCluster:
         self._workers = workers
         self._lock = threading.Lock()
         self._stopped = False
-        atexit.register(self.stop)
 
     @property
     def num_workers(self) -> int:
@@ -148,9 +118,9 @@ class LocalCluster:
         return [w.address for w in self._workers]
 
     @property
-    def processes(self) -> list[subprocess.Popen[bytes]]:
+    def processes(self) -> list[subprocess.Popen[str]]:
         """The worker processes, in task order (read `returncode`, `pid`)."""
-        return [w.process for w in self._workers]
+        return [w.child.process for w in self._workers]
 
     def worker_devices(self, device_type: str = "CPU") -> list[str]:
         """Returns the canonical names of the workers' devices of one type.
@@ -203,16 +173,12 @@ class LocalCluster:
                 f"task_index: expected an int in [0, {self.num_workers}), "
                 f"got {task_index!r}"
             )
-        worker = self._workers[task_index]
-        if worker.process.returncode is None:
-            _signal_group(worker.process, signal.SIGKILL)
-        _close_stdin(worker.process)
-        worker.process.wait()
+        self._workers[task_index].child.kill()
 
     def stop(self) -> None:
         """Stops every worker and frees its port; safe to call repeatedly.
 
-        Sends SIGTERM to each worker's process group, waits up to 5 s, then
+        Sends SIGTERM to each worker's process tree, waits up to 5 s, then
         sends SIGKILL, and reaps the processes: afterwards no worker process
         is left and every `returncode` is set.
         """
@@ -220,10 +186,7 @@ class LocalCluster:
             if self._stopped:
                 return
             self._stopped = True
-        atexit.unregister(self.stop)
-        _stop_processes([w.process for w in self._workers])
-        for w in self._workers:
-            w.close_logs()
+        _processes.stop_all([w.child for w in self._workers])
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -264,7 +227,7 @@ class LocalCluster:
             if w.accepting:
                 continue
             what = (
-                "printed no readiness line"
+                "sent no readiness reply"
                 if w.devices is None
                 else "port does not accept connections"
             )
@@ -288,8 +251,8 @@ def start_local_cluster(
     """Starts `num_workers` TensorFlow worker processes and waits for them.
 
     Workers start in parallel (each spends a few seconds importing
-    TensorFlow). A worker counts as ready when it has printed its readiness
-    line and its port accepts TCP connections. Ports are picked free; when a
+    TensorFlow). A worker counts as ready when it has replied that it serves
+    and its port accepts TCP connections. Ports are picked free; when a
     worker finds its port taken in the meantime, the whole cluster is
     restarted on new ports (up to 3 attempts).
 
@@ -349,7 +312,7 @@ def start_local_cluster(
         )
     taken = []
     for _ in range(_MAX_START_ATTEMPTS):
-        ports = _pick_free_ports(host, num_workers)
+        ports = _processes.free_ports(num_workers)
         cluster = _launch(host, ports, cpus_per_worker, job_name)
         try:
             cluster._wait_until_ready(timeout_seconds)
@@ -373,62 +336,26 @@ def _check_positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name}: expected a positive integer, got {value!r}")
 
 
-def _pick_free_ports(host: str, n: int) -> list[int]:
-    """Returns `n` distinct ports that are free on `host` right now."""
-    family, _, _, _, address = socket.getaddrinfo(
-        host, 0, type=socket.SOCK_STREAM
-    )[0]
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket(family, socket.SOCK_STREAM)
-            sockets.append(s)  # Held open until all are picked: distinct.
-            s.bind(address)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _launch(
     host: str, ports: list[int], cpus_per_worker: int, job_name: str
 ) -> LocalCluster:
     """Starts one worker process per port; does not wait for them."""
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # With SO_REUSEPORT two servers could share a port silently.
-    env.pop("TF_GRPC_REUSE_PORT", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p
-    )
     addresses = [
         f"[{host}]:{p}" if ":" in host else f"{host}:{p}" for p in ports
     ]
     spec = json.dumps({job_name: addresses})
     workers: list[_Worker] = []
-    # Owns the list from the start, so that a failed Popen stops the workers
-    # already started.
+    # Owns the list from the start, so that a failed start stops the
+    # workers already started.
     cluster = LocalCluster(job_name, workers)
     for task_index, port in enumerate(ports):
         command = _worker_command(spec, job_name, task_index, cpus_per_worker)
-        # Closed by LocalCluster.stop(), not here: they outlive this call.
-        stdout = tempfile.TemporaryFile()  # noqa: SIM115
-        stderr = tempfile.TemporaryFile()  # noqa: SIM115
         try:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.PIPE,
-                stdout=stdout,
-                stderr=stderr,
-                env=env,
-                start_new_session=True,  # Own process group to kill.
-            )
+            child = _processes.Child(command, name=f"worker task {task_index}")
         except BaseException:
-            stdout.close()
-            stderr.close()
             cluster.stop()
             raise
-        workers.append(_Worker(task_index, host, port, process, stdout, stderr))
+        workers.append(_Worker(task_index, host, port, child))
     return cluster
 
 
@@ -444,75 +371,39 @@ def _worker_command(
         f"--job_name={job_name}",
         f"--task_index={task_index}",
         f"--cpus_per_worker={cpus_per_worker}",
-        "--exit_on_stdin_eof",
-        f"--parent_pid={os.getpid()}",
     ]
 
 
 def _check_worker(w: _Worker) -> None:
     """Updates `w`'s readiness; raises if it exited."""
-    if w.process.poll() is not None:
-        if w.process.returncode == _worker_main.EXIT_BIND_FAILED:
+    try:
+        code = w.child.process.poll()
+        if code is not None:
+            raise _processes.ChildError("exited", code)
+        if w.devices is None:
+            ready = w.child.poll()
+            if ready is not None:
+                w.devices = ready["devices"]
+    except _processes.ChildError as e:
+        if e.returncode == _worker_main.EXIT_BIND_FAILED:
             raise _PortTakenError(
                 f"task {w.task_index}: port {w.port} in use: {w.stderr_tail()}"
-            )
-        raise RuntimeError(
-            f"worker task {w.task_index} ({w.address}) exited with code "
-            f"{w.process.returncode} before it was ready; stderr tail:\n"
-            f"{w.stderr_tail()}"
+            ) from None
+        how = (
+            "closed its stdout"
+            if e.returncode is None
+            else f"exited with code {e.returncode}"
         )
-    if w.devices is None:
-        for line in w.stdout_text().splitlines():
-            if line.startswith(_worker_main.READY_PREFIX):
-                ready = json.loads(line[len(_worker_main.READY_PREFIX) :])
-                w.devices = ready["devices"]
+        raise RuntimeError(
+            f"worker task {w.task_index} ({w.address}) {how} before it was "
+            f"ready; stderr tail:\n{w.stderr_tail()}"
+        ) from None
     if w.devices is not None and not w.accepting:
         try:
             with socket.create_connection((w.host, w.port), timeout=1.0):
                 w.accepting = True
         except OSError:
             pass
-
-
-def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
-    # Only while the leader is unreaped (running or zombie): then its pid
-    # still names our group and cannot have been reused.
-    if process.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, sig)
-
-
-def _close_stdin(process: subprocess.Popen[bytes]) -> None:
-    if process.stdin is not None and not process.stdin.closed:
-        with contextlib.suppress(OSError):
-            process.stdin.close()
-
-
-def _has_exited(process: subprocess.Popen[bytes]) -> bool:
-    """True once the process exited, without reaping it."""
-    if process.returncode is not None:
-        return True
-    try:
-        info = os.waitid(
-            os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT
-        )
-    except ChildProcessError:
-        return True
-    return info is not None
-
-
-def _stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM, grace period, SIGKILL, reap; for each process group."""
-    for p in processes:
-        _close_stdin(p)  # EOF alone makes a worker exit.
-        _signal_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + _STOP_GRACE_SECONDS
-    while time.monotonic() < deadline and not all(map(_has_exited, processes)):
-        time.sleep(_POLL_SECONDS)
-    for p in processes:
-        _signal_group(p, signal.SIGKILL)  # Also any leftover group members.
-        p.wait()
 
 
 def _define_flags() -> None:

@@ -1,6 +1,6 @@
-"""Tests for tf_crossdevice.benchmark.
+"""Tests for benchmarks.
 
-The slow test runs `python -m tf_crossdevice.benchmark --quick` in its own
+The slow test runs `python -m benchmarks --quick` in its own
 process (it needs its own logical devices and worker processes) and checks
 the table, the JSON (every figure, every result verified against numpy
 before it was timed) and the PNG. The fast tests check the parts that
@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 import tf_crossdevice
-from tf_crossdevice.benchmark import (
+from benchmarks import (
     candidates,
     records,
     steps,
@@ -61,7 +61,7 @@ def quick_run(tmp_path_factory):
         [
             sys.executable,
             "-m",
-            "tf_crossdevice.benchmark",
+            "benchmarks",
             "--quick",
             f"--output_dir={output}",
         ],
@@ -383,7 +383,7 @@ def test_candidate_filter_keeps_tf_references_and_names_a_bad_pattern():
 
 
 def test_missing_extras_say_what_to_install(monkeypatch):
-    from tf_crossdevice.benchmark import __main__ as cli
+    from benchmarks import __main__ as cli
 
     real = cli.importlib.util.find_spec
 

@@ -6,7 +6,7 @@ rooflines and baselines, each with per-round samples. A result's time is its
 median minus its baseline's median: the all-reduce's own cost, as nccl-tests
 would time it, without the cost of producing its inputs.
 
->>> from tf_crossdevice.benchmark import workloads
+>>> from benchmarks import workloads
 >>> entries = [
 ...     {"name": "base", "family": "baseline", "baseline": None,
 ...      "samples": [1.0, 1.0, 1.0], "verified": None, "error": None},
@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tf_crossdevice.benchmark import timing
-from tf_crossdevice.benchmark import workloads as workloads_lib
+from benchmarks import timing
+from benchmarks import workloads as workloads_lib
 
 
 def make_group_record(

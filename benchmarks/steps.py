@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_crossdevice import _tf_internal
-from tf_crossdevice.benchmark import timing, workloads
+from benchmarks import timing, workloads
 
 Results = list[list[tf.Tensor]]  # results[k][d]: value k on replica d
 

@@ -11,7 +11,7 @@ Families:
   MirroredStrategy's default (TF 2.21: `CollectiveAllReduce`), and across
   workers MultiWorkerMirroredStrategy's collective all-reduce.
 
->>> from tf_crossdevice.benchmark import workloads
+>>> from benchmarks import workloads
 >>> names = [c.name for c in single_process_candidates(
 ...     workloads.single_tensor(1024), quick=True)]
 >>> "TF ReductionToOneDevice" in names, "ours ReductionToOneDevice" in names
@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tf_crossdevice.benchmark import workloads as workloads_lib
+from benchmarks import workloads as workloads_lib
 
 # Small-tensor aggregation setting the benchmark tries: tensors up to 64 KiB
 # concatenated in groups of up to 1024.
@@ -225,7 +225,7 @@ def select(candidates: Sequence[Candidate], patterns: str) -> list[Candidate]:
     Raises:
         ValueError: a pattern is not a valid regular expression (names it).
 
-    >>> from tf_crossdevice.benchmark import workloads
+    >>> from benchmarks import workloads
     >>> group = single_process_candidates(workloads.many_small(8))
     >>> [c.name for c in select(group, "SpecAllReduce (pscpu|xring)$")]
     ... # doctest: +NORMALIZE_WHITESPACE
@@ -251,7 +251,7 @@ def check_patterns(candidates: Sequence[Candidate], patterns: str) -> None:
     Raises:
         ValueError: names the patterns that match nothing (or is not valid).
 
-    >>> from tf_crossdevice.benchmark import workloads
+    >>> from benchmarks import workloads
     >>> check_patterns(single_process_candidates(workloads.many_small(8)),
     ...                "xring$,xrign$")
     Traceback (most recent call last):

@@ -21,15 +21,15 @@ import numpy as np
 import tensorflow as tf
 
 from tf_crossdevice import _packing, testing
-from tf_crossdevice.benchmark import candidates as candidates_lib
-from tf_crossdevice.benchmark import (
+from benchmarks import candidates as candidates_lib
+from benchmarks import (
     records,
     roofline,
     steps,
-    subprocesses,
+    processes,
     timing,
 )
-from tf_crossdevice.benchmark import workloads as workloads_lib
+from benchmarks import workloads as workloads_lib
 
 INPUTS_BASELINE = "baseline: inputs only"
 FLAT_BASELINE = "baseline: flat buffers only"
@@ -338,7 +338,7 @@ def _build_roofline(
 
 # ---- One group in a process of its own --------------------------------------
 
-_MODULE = "tf_crossdevice.benchmark.single_process"
+_MODULE = "benchmarks.single_process"
 
 
 def run_in_child(
@@ -363,7 +363,7 @@ def run_in_child(
         The group's record, with `peak_rss_bytes` of the child.
 
     Raises:
-        subprocesses.ChildError: the child died, failed or went silent.
+        processes.ChildError: the child died, failed or went silent.
 
     >>> r1d = candidates_lib.Candidate(
     ...     "TF ReductionToOneDevice", "tf", "tf_r1d")
@@ -372,10 +372,10 @@ def run_in_child(
     >>> group["num_replicas"], group["results"][-1]["verified"]
     (3, True)
     """
-    child = subprocesses.Child(
+    child = processes.Child(
         f"{workload.name} x{num_devices}",
-        subprocesses.module_argv(_MODULE),
-        subprocesses.child_env({}),
+        processes.module_argv(_MODULE),
+        processes.child_env({}),
     )
     try:
         child.send(
@@ -399,7 +399,7 @@ def run_in_child(
             elif "record" in message:
                 return message["record"]
             else:
-                raise subprocesses.ChildError(
+                raise processes.ChildError(
                     f"{child.name}: {message.get('error', message)}"
                 )
     finally:
@@ -418,7 +418,7 @@ def _peak_rss_bytes() -> int | None:
 
 
 def _child_main(argv: list[str]) -> int:
-    _, job = subprocesses.start(argv, run_in_child.__doc__)
+    _, job = processes.start(argv, run_in_child.__doc__)
     if job is None:
         return 0
     try:
@@ -434,16 +434,16 @@ def _child_main(argv: list[str]) -> int:
             job["num_devices"],
             [candidates_lib.Candidate.from_dict(c) for c in job["candidates"]],
             Config(**job["config"]),
-            advance=lambda n: subprocesses.reply({"advance": n}),
-            describe=lambda text: subprocesses.reply({"describe": text}),
+            advance=lambda n: processes.reply({"advance": n}),
+            describe=lambda text: processes.reply({"describe": text}),
         )
     except Exception as e:  # noqa: BLE001 - sent to the parent.
-        subprocesses.reply(
+        processes.reply(
             {"error": f"{type(e).__name__}: {timing.first_line(str(e))}"}
         )
         return 1
     record["peak_rss_bytes"] = _peak_rss_bytes()
-    subprocesses.reply({"record": record})
+    processes.reply({"record": record})
     return 0
 
 

@@ -32,14 +32,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-MARK = "@@tf_crossdevice.benchmark "
+MARK = "@@benchmarks "
 _STOP_GRACE_SECONDS = 5.0
 _STDERR_TAIL_CHARS = 3000
 # The directory holding the `tf_crossdevice` package, so that children can
 # import it even when it is not installed.
-_PACKAGE_PARENT = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class ChildError(RuntimeError):

@@ -1,4 +1,4 @@
-"""Command line: `python -m tf_crossdevice.benchmark [--quick] [flags]`.
+"""Command line: `python -m benchmarks [--quick] [flags]`.
 
 Runs the single-process groups (every workload on 2, 4 and 8 logical CPU
 devices), then the multi-worker groups (2 and 3 worker processes), prints
@@ -158,7 +158,7 @@ def _ints(values: Sequence[str], flag: str, minimum: int) -> list[int]:
 
 
 def _workload(name: str, flag: str):
-    from tf_crossdevice.benchmark import workloads
+    from benchmarks import workloads
 
     if name == "resnet50":
         return workloads.resnet50().truncated(FLAGS.resnet50_tensors)
@@ -174,7 +174,7 @@ def _workload(name: str, flag: str):
 
 def _filtered(candidates: list[Any]) -> list[Any]:
     """The candidates --candidates keeps (checked by `_check_candidates`)."""
-    from tf_crossdevice.benchmark import candidates as candidates_lib
+    from benchmarks import candidates as candidates_lib
 
     return candidates_lib.select(candidates, FLAGS.candidates)
 
@@ -278,7 +278,7 @@ def _run_single_process(
     save: Callable[[], None],
 ) -> None:
     """Runs each planned group in its own process; failures become records."""
-    from tf_crossdevice.benchmark import single_process
+    from benchmarks import single_process
 
     for workload, n, candidates in plan:
         units = single_process.units(
@@ -338,7 +338,7 @@ def _run_multi_worker(
     save: Callable[[], None],
 ) -> None:
     """Runs the multi-worker groups; a setup failure fails that p's groups."""
-    from tf_crossdevice.benchmark import multi_worker
+    from benchmarks import multi_worker
 
     for p in workers:
         try:
@@ -400,8 +400,8 @@ def main(argv: list[str]) -> int:
         return 1
     import tqdm  # type: ignore[import-untyped]
 
-    from tf_crossdevice.benchmark import candidates as candidates_lib
-    from tf_crossdevice.benchmark import (
+    from benchmarks import candidates as candidates_lib
+    from benchmarks import (
         multi_worker,
         report,
         single_process,
@@ -409,7 +409,7 @@ def main(argv: list[str]) -> int:
     )
 
     started = time.time()
-    command = "python -m tf_crossdevice.benchmark " + shlex.join(sys.argv[1:])
+    command = "python -m benchmarks " + shlex.join(sys.argv[1:])
     meta: dict[str, Any] = {
         "command": command.strip(),
         "machine": _machine(),

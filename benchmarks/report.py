@@ -12,7 +12,7 @@ faster than every TensorFlow built-in measured in the same rounds).
 A group and its table, targets and plot:
 
 >>> import tempfile
->>> from tf_crossdevice.benchmark import records, workloads
+>>> from benchmarks import records, workloads
 >>> def entry(name, family, baseline, seconds):
 ...     return {"name": name, "family": family, "baseline": baseline,
 ...             "samples": [seconds] * 3, "verified": family != "baseline"
@@ -48,7 +48,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from tf_crossdevice.benchmark import records
+from benchmarks import records
 
 _FAMILY_ORDER = {"roofline": 0, "bound": 1, "tf": 2, "ours": 3}
 _SWEEP_RE = re.compile(r"^sweep_(\d+)B$")

@@ -1,6 +1,6 @@
 """Benchmark: our all-reduce algorithms against TensorFlow's, by numbers.
 
-Run `python -m tf_crossdevice.benchmark` (`--quick` for a two-minute
+Run `python -m benchmarks` (`--quick` for a two-minute
 version, `--helpfull` for every flag). It measures, in one run and on the
 same tensors:
 

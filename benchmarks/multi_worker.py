@@ -17,7 +17,7 @@ the roofline is the time a ring needs to move 2(p-1)/p of the bytes at the
 faster of the two rates. Every child process exits when its stdin closes or
 its parent dies; the benchmark kills their process groups when it is done.
 
-Child command line (internal): `python -m tf_crossdevice.benchmark.multi_worker
+Child command line (internal): `python -m benchmarks.multi_worker
 --role=client|mwms --parent_pid=PID`, a setup JSON line on stdin, then one
 command per line.
 """
@@ -31,18 +31,18 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tf_crossdevice.benchmark import candidates as candidates_lib
-from tf_crossdevice.benchmark import (
+from benchmarks import candidates as candidates_lib
+from benchmarks import (
     records,
     roofline,
     steps,
-    subprocesses,
+    processes,
     timing,
 )
-from tf_crossdevice.benchmark import workloads as workloads_lib
+from benchmarks import workloads as workloads_lib
 
-_MODULE = "tf_crossdevice.benchmark.multi_worker"
-ChildError = subprocesses.ChildError
+_MODULE = "benchmarks.multi_worker"
+ChildError = processes.ChildError
 
 INPUTS_BASELINE = "baseline: inputs only (client)"
 IDLE_BASELINE = "baseline: two workers, no transfer (client)"
@@ -62,7 +62,7 @@ MAX_FINALISTS = 8
 class _Group:
     """Children that get every command; each answers once per command."""
 
-    def __init__(self, name: str, children: list[subprocesses.Child]):
+    def __init__(self, name: str, children: list[processes.Child]):
         self.name = name
         self.children = children
         self.dead: str | None = None
@@ -98,7 +98,7 @@ class _Group:
 
 
 def _child_argv(role: str) -> list[str]:
-    return subprocesses.module_argv(_MODULE, f"--role={role}")
+    return processes.module_argv(_MODULE, f"--role={role}")
 
 
 def free_ports(n: int) -> list[int]:
@@ -130,8 +130,8 @@ def _started(group: _Group, setup: dict[str, Any], timeout: float):
 
 
 def _start_client(cluster_spec: dict[str, Any], setup: dict[str, Any]):
-    child = subprocesses.Child(
-        "client", _child_argv("client"), subprocesses.child_env({})
+    child = processes.Child(
+        "client", _child_argv("client"), processes.child_env({})
     )
     return _Group("our client", [child]), {**setup, "cluster": cluster_spec}
 
@@ -144,10 +144,10 @@ def _start_mwms(num_workers: int, setup: dict[str, Any]):
             "cluster": {"worker": addresses},
             "task": {"type": "worker", "index": task},
         }
-        env = subprocesses.child_env({"TF_CONFIG": json.dumps(tf_config)})
+        env = processes.child_env({"TF_CONFIG": json.dumps(tf_config)})
         env.pop("TF_GRPC_REUSE_PORT", None)
         children.append(
-            subprocesses.Child(f"MWMS task {task}", _child_argv("mwms"), env)
+            processes.Child(f"MWMS task {task}", _child_argv("mwms"), env)
         )
     return _Group("MWMS", children), setup
 
@@ -191,7 +191,7 @@ def run(
 
     Example (starts 2p + 1 processes; tests/benchmark_test.py runs it):
 
-    >>> from tf_crossdevice.benchmark import single_process, workloads
+    >>> from benchmarks import single_process, workloads
     >>> groups = run([workloads.many_small(8)], 2,  # doctest: +SKIP
     ...              single_process.Config(rounds=5), quick=True)
     """
@@ -586,7 +586,7 @@ class _MwmsSession(_Session):
 
 
 def _child_main(argv: list[str]) -> int:
-    args, setup = subprocesses.start(
+    args, setup = processes.start(
         argv,
         __doc__,
         lambda parser: parser.add_argument(
@@ -602,19 +602,19 @@ def _child_main(argv: list[str]) -> int:
             else _MwmsSession(setup)
         )
     except Exception as e:  # noqa: BLE001 - sent to the parent.
-        subprocesses.reply(
+        processes.reply(
             {"error": f"{args.role} setup: {type(e).__name__}: {e}"}
         )
         return 1
-    subprocesses.reply({"ready": True})
-    for command in subprocesses.commands():
+    processes.reply({"ready": True})
+    for command in processes.commands():
         try:
             answer = session.handle(command)
         except Exception as e:  # noqa: BLE001 - sent to the parent.
             answer = {
                 "error": f"{type(e).__name__}: {timing.first_line(str(e))}"
             }
-        subprocesses.reply(answer)
+        processes.reply(answer)
     return 0
 
 

@@ -1,20 +1,13 @@
-"""Benchmark: our all-reduce algorithms against TensorFlow's, by numbers.
+"""The benchmark study: our all-reduce algorithms against TensorFlow's.
 
-Run `python -m benchmarks` (`--quick` for a two-minute
-version, `--helpfull` for every flag). It measures, in one run and on the
-same tensors:
-
-- workloads: ResNet-50's gradients, BERT-base's, 1000 small tensors, and a
-  sweep of one tensor from 4 B to 256 MiB (`workloads.py`);
-- settings: one process with 2, 4 and 8 logical CPU devices, and 2 and 3
-  local worker processes (`single_process.py`, `multi_worker.py`);
-- candidates: every algorithm and packing setting of ours that applies, and
-  TensorFlow's built-ins (`candidates.py`);
-- the roofline: the fastest plain sum of the same bytes, or the loopback
-  transfer rate across processes (`roofline.py`).
-
-Every result is checked against numpy before it is timed; candidates are
-timed in interleaved rounds (`timing.py`). Outputs: an nccl-tests-style table
-on stdout (also `results.txt`), `results.json` with every figure, and
-`time_vs_size.png` (`report.py`).
+Not part of the installed package: run `python -m benchmarks` from a
+checkout (`--quick` for a one-minute version, `--helpfull` for the flags).
+It measures, in one run and on the same tensors, every workload
+(`workloads.py`) in one process with 2, 4 and 8 logical CPU devices and
+across 2 and 3 worker processes (`single_process.py`, `multi_worker.py`),
+every candidate of ours and TensorFlow's built-ins (`candidates.py`), and the
+roofline (`roofline.py`). Checking against numpy and interleaved timing come
+from the package's measuring core, `tf_crossdevice._measure`. Outputs: an
+nccl-tests-style table, `results.json` (`records.py`), `results.md` and
+`time_vs_size.png` (`report.py`), and the project's targets (`targets.py`).
 """

@@ -1,4 +1,4 @@
-"""Command line: `python -m benchmarks [--quick] [flags]`.
+"""Command line: `python -m benchmarks [--quick] [flags]` (from a checkout).
 
 Runs the single-process groups (every workload on 2, 4 and 8 logical CPU
 devices), then the multi-worker groups (2 and 3 worker processes), prints
@@ -20,7 +20,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -31,6 +31,7 @@ FLAGS = flags.FLAGS
 WORKLOADS = ("resnet50", "bert_base", "many_small", "sweep")
 
 # Flag values `--quick` uses unless the flag is given.
+EXTRAS = ("tqdm", "matplotlib")
 QUICK_DEFAULTS: dict[str, Any] = {
     "workloads": ["resnet50", "many_small", "sweep"],
     "devices": [4],
@@ -136,14 +137,6 @@ def define_flags() -> None:
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
 
 
-def _apply_quick() -> None:
-    if not FLAGS.quick:
-        return
-    for name, value in QUICK_DEFAULTS.items():
-        if not FLAGS[name].present:
-            setattr(FLAGS, name, value)
-
-
 def _ints(values: Sequence[str], flag: str, minimum: int) -> list[int]:
     out = []
     for v in values:
@@ -157,7 +150,7 @@ def _ints(values: Sequence[str], flag: str, minimum: int) -> list[int]:
     return out
 
 
-def _workload(name: str, flag: str):
+def _workload(name: str, flag: str) -> Any:
     from benchmarks import workloads
 
     if name == "resnet50":
@@ -172,40 +165,14 @@ def _workload(name: str, flag: str):
     )
 
 
-def _filtered(candidates: list[Any]) -> list[Any]:
-    """The candidates --candidates keeps (checked by `_check_candidates`)."""
-    from benchmarks import candidates as candidates_lib
-
-    return candidates_lib.select(candidates, FLAGS.candidates)
-
-
-def _check_candidates(candidates_lib: Any, groups: list[list[Any]]) -> None:
-    """Every --candidates pattern must compile and match one of ours."""
-    try:
-        candidates_lib.check_patterns(
-            [c for group in groups for c in group], FLAGS.candidates
-        )
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
-
-
-EXTRAS = ("tqdm", "matplotlib")
-
-
 def missing_extras() -> str | None:
-    """What to install when the benchmark's own dependencies are missing.
-
-    Returns:
-        None when they are all importable (tests/benchmark_test.py checks
-        the message; pytest does not collect doctests from `__main__.py`).
-    """
+    """What to install when tqdm or matplotlib is missing (else None)."""
     missing = [m for m in EXTRAS if importlib.util.find_spec(m) is None]
     if not missing:
         return None
     return (
-        f"the benchmark needs {' and '.join(missing)}, which a plain install "
-        "leaves out: pip install 'tf_crossdevice[benchmark]' (from a "
-        "checkout: pip install -e '.[benchmark]')"
+        f"the benchmark needs {' and '.join(missing)}: from the checkout, "
+        "pip install -e '.[benchmark]'"
     )
 
 
@@ -213,47 +180,17 @@ def _machine() -> str:
     import numpy as np
     import tensorflow as tf
 
-    load = os.getloadavg()
     return (
         f"{os.cpu_count()} CPU cores "
         f"({platform.processor() or platform.machine()}), "
-        f"load average {load[0]:.1f}, Python {platform.python_version()}, "
-        f"TensorFlow {tf.__version__}, numpy {np.__version__}"
+        f"load average {os.getloadavg()[0]:.1f}, Python "
+        f"{platform.python_version()}, TensorFlow {tf.__version__}, numpy "
+        f"{np.__version__}"
     )
 
 
-def _failed_group(
-    setting: str,
-    workload: Any,
-    n: int,
-    error: str | None = None,
-    skipped: str | None = None,
-) -> dict[str, Any]:
-    """The record of a group that did not run (error) or was left out."""
-    return {
-        "setting": setting,
-        "workload": workload.name,
-        "description": workload.description,
-        "num_replicas": n,
-        "num_tensors": workload.num_tensors,
-        "size_bytes": workload.num_bytes,
-        "count": workload.num_elements,
-        "dtype": workload.dtype,
-        "error": error,
-        "skipped": skipped,
-        "roofline": None,
-        "roofline_seconds": None,
-        "tf_best": None,
-        "tf_best_seconds": None,
-        "ours_best": None,
-        "ours_best_seconds": None,
-        "baselines": {},
-        "results": [],
-    }
-
-
-def _plan(candidates_lib: Any, workloads: Any, devices: list[int]):
-    """(workload, devices, every candidate) of each single-process group."""
+def _plan(candidates_lib: Any, workloads: Any, devices: list[int]) -> list:
+    """(workload, devices, candidates) of each single-process group."""
     single = []
     for name in FLAGS.workloads:
         if name == "sweep":
@@ -269,121 +206,32 @@ def _plan(candidates_lib: Any, workloads: Any, devices: list[int]):
     ]
 
 
-def _run_single_process(
-    plan: list[Any],
-    config: Any,
-    bar: Any,
-    describe: Callable[[str], None],
-    groups: list[dict[str, Any]],
-    save: Callable[[], None],
-) -> None:
-    """Runs each planned group in its own process; failures become records."""
-    from benchmarks import single_process
-
-    for workload, n, candidates in plan:
-        units = single_process.units(
-            len(candidates), config.rounds, workload.num_tensors
-        )
-        need = single_process.estimated_peak_bytes(workload, n)
-        if need > FLAGS.max_memory_gib * 2**30:
-            groups.append(
-                _failed_group(
-                    "single_process",
-                    workload,
-                    n,
-                    skipped=f"needs about {need / 2**30:.1f} GiB "
-                    f"(over --max_memory_gib={FLAGS.max_memory_gib:g})",
-                )
-            )
-            bar.update(units)
-            continue
-        done = [0]
-
-        def advance(count: int, done: list[int] = done) -> None:
-            done[0] += count
-            bar.update(count)
-
-        try:
-            groups.append(
-                single_process.run_in_child(
-                    workload,
-                    n,
-                    candidates,
-                    config,
-                    advance,
-                    describe,
-                    timeout_seconds=FLAGS.timeout_seconds,
-                )
-            )
-        except Exception as e:  # noqa: BLE001 - reported in the table.
-            groups.append(
-                _failed_group(
-                    "single_process",
-                    workload,
-                    n,
-                    error=f"{type(e).__name__}: {e}",
-                )
-            )
-            bar.update(max(units - done[0], 0))
-        save()
-
-
-def _run_multi_worker(
-    mw_workloads: list[Any],
-    workers: list[int],
-    config: Any,
-    bar: Any,
-    describe: Callable[[str], None],
-    groups: list[dict[str, Any]],
-    save: Callable[[], None],
-) -> None:
-    """Runs the multi-worker groups; a setup failure fails that p's groups."""
-    from benchmarks import multi_worker
-
-    for p in workers:
-        try:
-            groups += multi_worker.run(
-                mw_workloads,
-                p,
-                config,
-                FLAGS.quick,
-                timeout_seconds=FLAGS.timeout_seconds,
-                advance=bar.update,
-                describe=describe,
-                candidate_filter=_filtered,
-            )
-        except Exception as e:  # noqa: BLE001 - reported in the table.
-            error = f"{type(e).__name__}: {e}"
-            groups += [
-                _failed_group("multi_worker", w, p, error=error)
-                for w in mw_workloads
-            ]
-        save()
-
-
-def _failures(groups: list[dict[str, Any]]) -> list[str]:
-    return [
-        f"{g['workload']} x{g['num_replicas']}: {g['error']}"
-        for g in groups
-        if g.get("error")
-    ] + [
-        f"{g['workload']} x{g['num_replicas']}: {r['name']}: {r['error']}"
-        for g in groups
-        for r in g["results"]
-        if not r["verified"] or r["error"]
-    ]
+def _failures(groups: list[Any]) -> list[str]:
+    out = []
+    for g in groups:
+        where = f"{g.workload} x{g.num_replicas}"
+        if g.error:
+            out.append(f"{where}: {g.error}")
+        out += [
+            f"{where}: {r.name}: {r.timing.error}"
+            for r in g.results
+            if not r.ok
+        ]
+    return out
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    _apply_quick()
+    if FLAGS.quick:
+        for name, value in QUICK_DEFAULTS.items():
+            if not FLAGS[name].present:
+                setattr(FLAGS, name, value)
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-        # Every candidate is a new tf.function by design; TensorFlow's
-        # retracing warning would fire for each one.
         import tensorflow as tf
 
+        # Every candidate is a new tf.function by design: no retrace warnings.
         tf.get_logger().setLevel("ERROR")
     devices = _ints(FLAGS.devices, "devices", 2)
     workers = _ints(FLAGS.workers, "workers", 2)
@@ -393,7 +241,6 @@ def main(argv: list[str]) -> int:
                 f"--workloads: unknown workload {name!r}; expected one of "
                 f"{', '.join(WORKLOADS)}"
             )
-
     missing = missing_extras()
     if missing:
         print(missing, file=sys.stderr)
@@ -403,15 +250,16 @@ def main(argv: list[str]) -> int:
     from benchmarks import candidates as candidates_lib
     from benchmarks import (
         multi_worker,
+        records,
         report,
         single_process,
+        targets,
         workloads,
     )
 
     started = time.time()
-    command = "python -m benchmarks " + shlex.join(sys.argv[1:])
     meta: dict[str, Any] = {
-        "command": command.strip(),
+        "command": ("python -m benchmarks " + shlex.join(sys.argv[1:])).strip(),
         "machine": _machine(),
         "quick": FLAGS.quick,
     }
@@ -427,70 +275,110 @@ def main(argv: list[str]) -> int:
         _workload(name, "multi_worker_workloads")
         for name in FLAGS.multi_worker_workloads
     ]
-    mw_groups = [
+    mw_lists = [
         candidates_lib.multi_worker_candidates(w, FLAGS.quick)
         for w in (mw_workloads if workers else [])
     ]
-    _check_candidates(candidates_lib, [c for _, _, c in plan] + mw_groups)
-    plan = [(w, n, _filtered(c)) for w, n, c in plan]
+    try:
+        candidates_lib.check_patterns(
+            [c for _, _, group in plan for c in group]
+            + [c for group in mw_lists for c in group],
+            FLAGS.candidates,
+        )
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+
+    def keep(group: list[Any]) -> list[Any]:
+        return candidates_lib.select(group, FLAGS.candidates)
+
+    plan = [(w, n, keep(c)) for w, n, c in plan]
     total = sum(
         single_process.units(len(c), config.rounds, w.num_tensors)
         for w, _, c in plan
-    ) + sum(
-        len(workers) * multi_worker.units(len(_filtered(c)), config.rounds)
-        for c in mw_groups
+    ) + len(workers) * sum(
+        multi_worker.units(len(keep(c)), config.rounds) for c in mw_lists
     )
-
     output = pathlib.Path(FLAGS.output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    groups: list[dict[str, Any]] = []
+    groups: list[records.Group] = []
 
-    def save_partial() -> None:
-        # A long run that dies keeps what it measured.
-        report.write_json(
-            output / "results.json",
-            {"meta": {**meta, "partial": True}, "groups": groups},
+    def save_partial() -> None:  # A long run that dies keeps what it measured.
+        records.Run({**meta, "partial": True}, {}, groups, []).write(
+            output / "results.json"
         )
 
     with tqdm.tqdm(
-        total=total,
-        file=sys.stderr,
-        disable=not FLAGS.progress,
-        unit="step",
-        dynamic_ncols=True,
+        total=total, file=sys.stderr, disable=not FLAGS.progress, unit="step"
     ) as bar:
 
         def describe(text: str) -> None:
             bar.set_postfix_str(text[:70], refresh=True)
 
-        _run_single_process(plan, config, bar, describe, groups, save_partial)
-        _run_multi_worker(
-            mw_workloads, workers, config, bar, describe, groups, save_partial
-        )
+        for workload, n, candidates in plan:
+            units = single_process.units(
+                len(candidates), config.rounds, workload.num_tensors
+            )
+            need = single_process.estimated_peak_bytes(workload, n)
+            done = bar.n
+            if need > FLAGS.max_memory_gib * 2**30:
+                groups.append(
+                    records.Group.of(
+                        "single_process",
+                        workload,
+                        n,
+                        skipped=f"needs about {need / 2**30:.1f} GiB (over "
+                        f"--max_memory_gib={FLAGS.max_memory_gib:g})",
+                    )
+                )
+            else:
+                try:
+                    groups.append(
+                        single_process.run_in_child(
+                            workload,
+                            n,
+                            candidates,
+                            config,
+                            bar.update,
+                            describe,
+                            FLAGS.timeout_seconds,
+                        )
+                    )
+                except Exception as e:  # noqa: BLE001 - in the table.
+                    error = f"{type(e).__name__}: {e}"
+                    groups.append(
+                        records.Group.of(
+                            "single_process", workload, n, error=error
+                        )
+                    )
+            bar.update(max(units - (bar.n - done), 0))
+            save_partial()
+        for p in workers:
+            try:
+                groups += multi_worker.run(
+                    mw_workloads,
+                    p,
+                    config,
+                    FLAGS.quick,
+                    FLAGS.timeout_seconds,
+                    bar.update,
+                    describe,
+                    keep,
+                )
+            except Exception as e:  # noqa: BLE001 - in the table.
+                error = f"{type(e).__name__}: {e}"
+                groups += [
+                    records.Group.of("multi_worker", w, p, error=error)
+                    for w in mw_workloads
+                ]
+            save_partial()
 
-    met = report.targets(groups)
     meta["seconds"] = time.time() - started
     meta["load_average_end"] = os.getloadavg()[0]
-    document = {
-        "meta": meta,
-        "skipped": [
-            {"name": s.name, "reason": s.reason}
-            for s in candidates_lib.single_process_skipped()
-        ],
-        "groups": groups,
-        "targets": met,
-    }
-    table = report.full_table(
-        groups, met, meta, sweep_all=FLAGS.sweep_table == "all"
+    run = records.Run(
+        meta, candidates_lib.SKIPPED, groups, targets.evaluate(groups)
     )
-    table += f"\n# finished in {meta['seconds']:.0f} s"
-    print(table, flush=True)
-    (output / "results.txt").write_text(table + "\n")
-    (output / "results.md").write_text(
-        report.markdown_summary(groups, met) + "\n"
-    )
-    report.write_json(output / "results.json", document)
-    report.write_plot(output / "time_vs_size.png", groups)
+    table = report.write_all(output, run, FLAGS.sweep_table == "all")
+    print(f"{table}\n# finished in {meta['seconds']:.0f} s", flush=True)
     print(
         f"# wrote {output}/results.txt, results.md, results.json, "
         "time_vs_size.png"

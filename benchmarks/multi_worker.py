@@ -3,79 +3,60 @@
 Two sets of processes hold the same replicas' values (replica i = worker
 task i, one CPU replica per worker):
 
-- ours: `tf_crossdevice.cluster` worker servers, driven by one client
-  process (`--role=client` below) that connects to them and runs
-  `MultiWorkerAllReduce` (and TensorFlow's `ReductionToOneDevice`) inside a
-  `tf.function` spanning the workers;
-- TensorFlow's: p processes (`--role=mwms`), each with `TF_CONFIG`, running
+- ours: `tf_crossdevice.cluster` worker servers driven by one client
+  (`--role=client`) that runs `MultiWorkerAllReduce` (and TensorFlow's
+  `ReductionToOneDevice`) in a `tf.function` spanning the workers;
+- TensorFlow's: p processes (`--role=mwms`) with `TF_CONFIG`, running
   `MultiWorkerMirroredStrategy`'s collective all-reduce between-graph.
 
-The benchmark process drives both over pipes, one JSON line per command, so
-their measurements interleave round by round. It also times TCP loopback
-itself, and the client times TensorFlow's gRPC copy between two workers:
-the roofline is the time a ring needs to move 2(p-1)/p of the bytes at the
-faster of the two rates. Every child process exits when its stdin closes or
-its parent dies; the benchmark kills their process groups when it is done.
-
-Child command line (internal): `python -m benchmarks.multi_worker
---role=client|mwms --parent_pid=PID`, a setup JSON line on stdin, then one
-command per line.
+The benchmark process drives both over pipes (`processes.py`), so their
+measurements interleave round by round. It times TCP loopback itself, and
+the client times TensorFlow's gRPC copy between two workers: the roofline
+is the time a ring needs to move 2(p-1)/p of the bytes at the faster rate.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
+import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from benchmarks import candidates as candidates_lib
-from benchmarks import (
-    records,
-    roofline,
-    steps,
-    processes,
-    timing,
-)
+from benchmarks import processes, records, roofline, targets
 from benchmarks import workloads as workloads_lib
+from tf_crossdevice import _measure
 
-_MODULE = "benchmarks.multi_worker"
 ChildError = processes.ChildError
-
 INPUTS_BASELINE = "baseline: inputs only (client)"
 IDLE_BASELINE = "baseline: two workers, no transfer (client)"
 MWMS_BASELINE = "baseline: inputs only (MWMS)"
 ROOFLINE_GRPC = "roofline: TF gRPC copy worker 0 -> 1"
 ROOFLINE_TCP = "roofline: TCP loopback"
-# The multi-worker target compares against this one; the confirmation
-# rounds re-time it with the best of each family (records.finalists).
-TARGET_REFERENCES = ("TF MWMS default",)
-# Best ours, TF's and roofline, the reference, three baselines.
+_FIXED = (
+    (INPUTS_BASELINE, "baseline", None, None),
+    (IDLE_BASELINE, "baseline", None, None),
+    (MWMS_BASELINE, "baseline", None, None),
+    (ROOFLINE_GRPC, "roofline", IDLE_BASELINE, None),
+    (ROOFLINE_TCP, "roofline", None, None),
+)
 MAX_FINALISTS = 8
-
-
-# ---- The benchmark process's side ------------------------------------------
 
 
 class _Group:
     """Children that get every command; each answers once per command."""
 
     def __init__(self, name: str, children: list[processes.Child]):
-        self.name = name
-        self.children = children
+        self.name, self.children = name, children
         self.dead: str | None = None
 
-    def request(
-        self, message: dict[str, Any], timeout: float
-    ) -> list[dict[str, Any]]:
-        """Sends `message` to every child and returns their answers.
+    def request(self, message: dict[str, Any], timeout: float) -> list[Any]:
+        """Every child's answer to `message`.
 
         Raises:
-            ChildError: a child failed or was too slow (the group is
-                stopped and every later request fails at once), or
-                answered with an error.
+            ChildError: a child failed or was too slow (the group is then
+                stopped for good), or answered with an error.
         """
         if self.dead is not None:
             raise ChildError(f"{self.name} was stopped earlier: {self.dead}")
@@ -84,7 +65,7 @@ class _Group:
                 child.send(message)
             answers = [child.receive(timeout) for child in self.children]
         except ChildError as e:
-            self.dead = timing.first_line(str(e), 200)
+            self.dead = _measure.first_line(str(e), 200)
             self.stop()
             raise
         errors = [a["error"] for a in answers if a.get("error")]
@@ -97,68 +78,38 @@ class _Group:
             child.stop()
 
 
-def _child_argv(role: str) -> list[str]:
-    return processes.module_argv(_MODULE, f"--role={role}")
+def units(num_candidates: int, rounds: int) -> int:
+    """Progress units one workload reports (with the fixed entries)."""
+    return (num_candidates + len(_FIXED)) * (
+        1 + rounds
+    ) + MAX_FINALISTS * rounds
 
 
-def free_ports(n: int) -> list[int]:
-    """`n` distinct TCP ports free on 127.0.0.1 right now.
-
-    >>> len(set(free_ports(3)))
-    3
-    """
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(s)  # Held until all are picked: distinct.
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+def _argv(role: str) -> list[str]:
+    return processes.module_argv("benchmarks.multi_worker", f"--role={role}")
 
 
 @contextlib.contextmanager
-def _started(group: _Group, setup: dict[str, Any], timeout: float):
-    """Sends the setup line, waits for every child's readiness, stops later."""
-    try:
-        group.request(setup, timeout)
-        yield group
-    finally:
-        group.stop()
-
-
-def _start_client(cluster_spec: dict[str, Any], setup: dict[str, Any]):
-    child = processes.Child(
-        "client", _child_argv("client"), processes.child_env({})
-    )
-    return _Group("our client", [child]), {**setup, "cluster": cluster_spec}
-
-
-def _start_mwms(num_workers: int, setup: dict[str, Any]):
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(num_workers)]
-    children = []
-    for task in range(num_workers):
-        tf_config = {
-            "cluster": {"worker": addresses},
-            "task": {"type": "worker", "index": task},
-        }
-        env = processes.child_env({"TF_CONFIG": json.dumps(tf_config)})
-        env.pop("TF_GRPC_REUSE_PORT", None)
-        children.append(
-            processes.Child(f"MWMS task {task}", _child_argv("mwms"), env)
+def _processes(p: int, setup: dict[str, Any], timeout: float) -> Iterator[Any]:
+    """(our client, the MWMS processes), set up; stopped on leaving."""
+    with processes.worker_cluster(p) as cluster_spec:
+        client = _Group(
+            "our client", [processes.Child("client", _argv("client"))]
         )
-    return _Group("MWMS", children), setup
-
-
-def units(num_candidates: int, rounds: int) -> int:
-    """Progress units one workload reports (plus the fixed entries).
-
-    >>> units(3, 5)
-    88
-    """
-    return (num_candidates + 5) * (1 + rounds) + MAX_FINALISTS * rounds
+        mwms = _Group(
+            "MWMS",
+            [
+                processes.Child(f"MWMS task {task}", _argv("mwms"), env)
+                for task, env in enumerate(processes.tf_config_envs(p))
+            ],
+        )
+        try:
+            client.request({**setup, "cluster": cluster_spec}, timeout)
+            mwms.request(setup, timeout)
+            yield client, mwms
+        finally:
+            client.stop()
+            mwms.stop()
 
 
 def run(
@@ -170,45 +121,18 @@ def run(
     advance: Callable[[int], object] = lambda n: None,
     describe: Callable[[str], object] = lambda s: None,
     candidate_filter: Callable[[list[Any]], list[Any]] = lambda c: c,
-) -> list[dict[str, Any]]:
-    """Verifies and times the multi-worker candidates on every workload.
+) -> list[records.Group]:
+    """Verifies and times the multi-worker candidates, one group per workload.
 
-    Args:
-        workloads: what each worker holds, one group each.
-        num_workers: worker processes (p >= 2).
-        config: a `single_process.Config` (rounds, timing targets, seed).
-        quick: the small candidate set.
-        timeout_seconds: the longest any one command may take.
-        advance: progress callback (see `single_process.run`).
-        describe: status callback.
-        candidate_filter: narrows each workload's candidate list.
-
-    Returns:
-        One group record per workload.
+    `config` is a `single_process.Config`; the callbacks are as for
+    `single_process.run`; `candidate_filter` narrows each candidate list.
 
     Raises:
         ChildError: the processes could not be started.
-
-    Example (starts 2p + 1 processes; tests/benchmark_test.py runs it):
-
-    >>> from benchmarks import single_process, workloads
-    >>> groups = run([workloads.many_small(8)], 2,  # doctest: +SKIP
-    ...              single_process.Config(rounds=5), quick=True)
     """
-    from tf_crossdevice import cluster as cluster_lib
-
-    setup = {"seed": config.seed, "warmup": config.warmup}
     describe(f"x{num_workers} workers: starting processes")
-    with contextlib.ExitStack() as stack:
-        local = stack.enter_context(
-            cluster_lib.start_local_cluster(num_workers, cpus_per_worker=1)
-        )
-        client, client_setup = _start_client(
-            local.cluster_spec.as_dict(), setup
-        )
-        stack.enter_context(_started(client, client_setup, timeout_seconds))
-        mwms, mwms_setup = _start_mwms(num_workers, setup)
-        stack.enter_context(_started(mwms, mwms_setup, timeout_seconds))
+    setup = {"seed": config.seed, "warmup": config.warmup}
+    with _processes(num_workers, setup, timeout_seconds) as (client, mwms):
         return [
             _run_workload(
                 w,
@@ -216,11 +140,12 @@ def run(
                 client,
                 mwms,
                 config,
-                quick,
+                candidate_filter(
+                    candidates_lib.multi_worker_candidates(w, quick)
+                ),
                 timeout_seconds,
                 advance,
                 describe,
-                candidate_filter,
             )
             for w in workloads
         ]
@@ -232,42 +157,22 @@ def _run_workload(
     client: _Group,
     mwms: _Group,
     config: Any,
-    quick: bool,
+    candidates: list[candidates_lib.Candidate],
     timeout: float,
     advance: Callable[[int], object],
     describe: Callable[[str], object],
-    candidate_filter: Callable[[list[Any]], list[Any]],
-) -> dict[str, Any]:
+) -> records.Group:
     label = f"{workload.name} x{p} workers"
-    entries: list[dict[str, Any]] = [
-        {"name": INPUTS_BASELINE, "family": "baseline", "baseline": None},
-        {"name": IDLE_BASELINE, "family": "baseline", "baseline": None},
-        {"name": MWMS_BASELINE, "family": "baseline", "baseline": None},
-        {
-            "name": ROOFLINE_GRPC,
-            "family": "roofline",
-            "baseline": IDLE_BASELINE,
-        },
-        {"name": ROOFLINE_TCP, "family": "roofline", "baseline": None},
-    ]
-    for c in candidate_filter(
-        candidates_lib.multi_worker_candidates(workload, quick)
-    ):
-        entries.append(
-            {
-                "name": c.name,
-                "family": c.family,
-                "baseline": MWMS_BASELINE
-                if c.kind == "mwms"
-                else INPUTS_BASELINE,
-                "candidate": c.as_dict(),
-            }
+    entries = list(_FIXED) + [
+        (
+            c.name,
+            c.family,
+            MWMS_BASELINE if c.kind == "mwms" else INPUTS_BASELINE,
+            c,
         )
-    load = {
-        "cmd": "load",
-        "name": workload.name,
-        "shapes": [list(s) for s in workload.shapes],
-    }
+        for c in candidates
+    ]
+    load = {"cmd": "load", "workload": dataclasses.asdict(workload)}
     loaded: dict[str, str | None] = {}
     for group in (client, mwms):
         try:
@@ -276,86 +181,86 @@ def _run_workload(
         except ChildError as e:
             loaded[group.name] = f"could not load the workload: {e}"
     opened: list[roofline.TcpLoopback] = []
-    timers: dict[str, timing.TimeFn] = {}
+    prepared: dict[str, _measure.Prepared] = {}
+    timers: dict[str, _measure.TimeFn] = {}
     reps: dict[str, int] = {}
-    for entry in entries:
-        describe(f"{label}: {entry['name']}")
-        group = mwms if entry["name"] == MWMS_BASELINE else client
-        if entry.get("candidate", {}).get("kind") == "mwms":
-            group = mwms
-        if entry["name"] == ROOFLINE_TCP:
-            prepared, call = steps.prepare(
+    for name, family, _, c in entries:
+        describe(f"{label}: {name}")
+        verifies = family != "baseline"
+        on_mwms = name == MWMS_BASELINE or (c is not None and c.kind == "mwms")
+        group = mwms if on_mwms else client
+        if name == ROOFLINE_TCP:
+            prepared[name], call = _measure.prepare(
                 lambda: _tcp_entry(workload.num_bytes, opened), config.warmup
             )
             if call is not None:
-                timers[entry["name"]] = _local_timer(call)
+                timers[name] = lambda n, call=call: _measure.time_calls(call, n)
         elif loaded[group.name] is not None:
-            prepared = steps.Prepared(
-                False if entry["family"] != "baseline" else None,
-                loaded[group.name],
-                0.0,
-                0.0,
-            )
+            failed = False if verifies else None
+            prepared[name] = _measure.Prepared(failed, loaded[group.name], 0, 0)
         else:
-            prepared = _prepare_remote(group, entry, timeout)
-            if prepared.error is None:
-                timers[entry["name"]] = _remote_timer(
-                    group, entry["name"], timeout
-                )
-        entry.update(prepared.as_dict())
-        if entry["name"] in timers:
-            reps[entry["name"]] = timing.reps_for(
-                prepared.seconds_per_call,
+            prepared[name] = _prepare_remote(group, name, c, verifies, timeout)
+            if prepared[name].error is None:
+                timers[name] = _remote_timer(group, name, timeout)
+        if name in timers:
+            reps[name] = _measure.reps_for(
+                prepared[name].seconds_per_call,
                 config.target_seconds,
                 config.max_reps,
             )
-        entry["reps"] = reps.get(entry["name"], 0)
         advance(1)
     describe(f"{label}: timing {len(timers)} entries")
     factor = roofline.ring_bytes_per_worker(1, p)
+
+    def ring(seconds: float) -> float:
+        return seconds * factor
+
     try:
-        samples, errors = timing.interleaved_rounds(
-            timers,
-            reps,
-            config.rounds,
-            seed=config.seed,
-            on_measurement=lambda name: advance(1),
+        samples, errors = _measure.interleaved_rounds(
+            timers, reps, config.rounds, config.seed, lambda _: advance(1)
         )
         advance((len(entries) - len(timers)) * config.rounds)
-        records.attach_samples(entries, samples, errors)
-        record = records.make_group_record(
-            setting="multi_worker",
-            workload=workload,
-            num_replicas=p,
-            entries=entries,
-            rounds=config.rounds,
-            roofline_time=lambda seconds: seconds * factor,
-            extra={
-                "roofline_note": "rooflines time a one-way transfer of the "
-                "workload's bytes; roofline time = that time * 2(p-1)/p, the "
-                "bytes a ring moves through each worker"
-            },
+        record = records.Group.of(
+            "multi_worker",
+            workload,
+            p,
+            note="rooflines time a one-way copy of the workload's bytes; "
+            "roofline time = that * 2(p-1)/p, a ring's bytes per worker",
+        )
+        records.add_results(
+            record,
+            [
+                records.Result(
+                    name,
+                    family,
+                    baseline,
+                    _measure.Timing.of(
+                        name,
+                        prepared[name],
+                        reps.get(name, 0),
+                        samples.get(name, []),
+                        errors.get(name),
+                    ),
+                )
+                for name, family, baseline, _ in entries
+            ],
+            roofline_time=ring,
         )
         names = [
             n
-            for n in records.finalists(record, TARGET_REFERENCES)
-            if n in timers and n not in errors
+            for n in records.finalists(record, targets.REFERENCES)
+            if n in samples
         ][:MAX_FINALISTS]
         describe(f"{label}: confirming {len(names)}")
-        confirm, confirm_errors = timing.interleaved_rounds(
-            {name: timers[name] for name in names},
+        confirm, _ = _measure.interleaved_rounds(
+            {n: timers[n] for n in names},
             reps,
             config.rounds,
-            seed=config.seed + 1,
-            on_measurement=lambda name: advance(1),
+            config.seed + 1,
+            lambda _: advance(1),
         )
         advance((MAX_FINALISTS - len(names)) * config.rounds)
-        records.add_confirmation(
-            record,
-            confirm,
-            confirm_errors,
-            roofline_time=lambda seconds: seconds * factor,
-        )
+        records.add_confirmation(record, confirm, roofline_time=ring)
     finally:
         for loopback in opened:
             loopback.close()
@@ -366,107 +271,96 @@ def _run_workload(
 
 
 def _prepare_remote(
-    group: _Group, entry: dict[str, Any], timeout: float
-) -> steps.Prepared:
-    verifies = entry["family"] != "baseline"
+    group: _Group,
+    name: str,
+    candidate: candidates_lib.Candidate | None,
+    verifies: bool,
+    timeout: float,
+) -> _measure.Prepared:
+    failed = False if verifies else None
+    command = {
+        "cmd": "prepare",
+        "name": name,
+        "verifies": verifies,
+        "candidate": dataclasses.asdict(candidate) if candidate else None,
+    }
     try:
-        answers = group.request({"cmd": "prepare", "entry": entry}, timeout)
+        answers = [
+            _measure.Prepared(**a) for a in group.request(command, timeout)
+        ]
     except ChildError as e:
-        return steps.Prepared(
-            False if verifies else None, timing.first_line(str(e)), 0.0, 0.0
-        )
-    failed = [a for a in answers if a["error"] is not None]
-    if failed:
-        return steps.Prepared(
-            False if verifies else None,
-            failed[0]["error"],
-            0.0,
-            max(a["build_seconds"] for a in answers),
-        )
-    return steps.Prepared(
-        True if verifies else None,
-        None,
-        max(a["seconds_per_call"] for a in answers),
-        max(a["build_seconds"] for a in answers),
-    )
+        return _measure.Prepared(failed, _measure.first_line(str(e)), 0, 0)
+    build = max(a.build_seconds for a in answers)
+    error = next((a.error for a in answers if a.error), None)
+    if error is not None:
+        return _measure.Prepared(failed, error, 0, build)
+    per_call = max(a.seconds_per_call for a in answers)
+    return _measure.Prepared(True if verifies else None, None, per_call, build)
 
 
-def _remote_timer(group: _Group, name: str, timeout: float) -> timing.TimeFn:
+def _remote_timer(group: _Group, name: str, timeout: float) -> _measure.TimeFn:
     def time_remote(reps: int) -> float:
-        answers = group.request(
-            {"cmd": "time", "name": name, "reps": reps}, timeout
-        )
+        message = {"cmd": "time", "name": name, "reps": reps}
         # Collectives finish together; the slowest worker is the step time.
-        return max(a["seconds"] for a in answers)
+        return max(a["seconds"] for a in group.request(message, timeout))
 
     return time_remote
 
 
-def _local_timer(call: Callable[[], Any]) -> timing.TimeFn:
-    return lambda reps: timing.time_calls(call, reps)
-
-
-def _tcp_entry(
-    num_bytes: int, opened: list[roofline.TcpLoopback]
-) -> tuple[Callable[[], None], Callable[[], str | None]]:
+def _tcp_entry(num_bytes: int, opened: list[roofline.TcpLoopback]) -> Any:
     loopback = roofline.TcpLoopback(num_bytes)
     opened.append(loopback)
 
-    def check() -> str | None:
+    def check() -> None:
         loopback()  # The receiver answers only after counting every byte.
-        return None
 
     return loopback, check
 
 
-# ---- The child processes' side ---------------------------------------------
+# ---- The child processes' side ------------------------------------------
 
 
 class _Session:
-    """What a child holds between commands: the replicas and built entries."""
+    """What a child holds between commands: its inputs and built entries."""
 
     def __init__(self, setup: dict[str, Any]):
-        self.seed = setup["seed"]
-        self.warmup = setup["warmup"]
-        self.replicas: steps.Replicas | None = None
+        self.seed, self.warmup = setup["seed"], setup["warmup"]
+        self.inputs: _measure.Inputs | None = None
         self.calls: dict[str, Callable[[], Any]] = {}
 
     def handle(self, command: dict[str, Any]) -> dict[str, Any]:
         cmd = command["cmd"]
-        if cmd == "load":
-            workload = workloads_lib.Workload(
-                command["name"], tuple(tuple(s) for s in command["shapes"])
-            )
-            self.calls = {}
-            self.replicas = None
-            self.replicas = self.load(workload)
+        if cmd in ("load", "unload"):
+            self.calls, self.inputs = {}, None
+            if cmd == "load":
+                w = command["workload"]
+                shapes = [(tuple(s), "float32") for s in w["shapes"]]
+                self.inputs = self.load(shapes)
             return {}
         if cmd == "prepare":
-            entry = command["entry"]
-            prepared, call = steps.prepare(
-                lambda: self.build(entry),
+            prepared, call = _measure.prepare(
+                lambda: self.build(command["name"], command["candidate"]),
                 self.warmup,
-                verifies=entry["family"] != "baseline",
+                command["verifies"],
             )
             if call is not None:
-                self.calls[entry["name"]] = call
-            return prepared.as_dict()
+                self.calls[command["name"]] = call
+            return dataclasses.asdict(prepared)
         if cmd == "time":
-            seconds = timing.time_calls(
-                self.calls[command["name"]], command["reps"]
-            )
-            return {"seconds": seconds}
-        if cmd == "unload":
-            self.calls = {}
-            self.replicas = None
-            return {}
+            call = self.calls[command["name"]]
+            return {"seconds": _measure.time_calls(call, command["reps"])}
         raise ValueError(f"command: unknown {cmd!r}")
 
-    def load(self, workload: workloads_lib.Workload) -> steps.Replicas:
+    def load(self, gradients: Any) -> _measure.Inputs:
         raise NotImplementedError
 
-    def build(self, entry: dict[str, Any]):
+    def build(self, name: str, candidate: dict[str, Any] | None) -> Any:
         raise NotImplementedError
+
+
+def _step(body: Callable[[], Any], check: Any) -> Any:
+    step = _measure.Step(body)
+    return step.timed, lambda: step.verify(check) if check else None
 
 
 class _ClientSession(_Session):
@@ -480,46 +374,39 @@ class _ClientSession(_Session):
             setup["cluster"], replicas_per_worker=1
         )
 
-    def load(self, workload: workloads_lib.Workload) -> steps.Replicas:
-        return steps.Replicas(workload, self.workers.devices, self.seed)
+    def load(self, gradients: Any) -> _measure.Inputs:
+        return _measure.Inputs(gradients, self.workers.devices, self.seed)
 
-    def build(self, entry: dict[str, Any]):
+    def build(self, name: str, candidate: dict[str, Any] | None) -> Any:
         import numpy as np
         import tensorflow as tf
 
-        replicas = self.replicas
-        assert replicas is not None
-        name = entry["name"]
+        inputs = self.inputs
+        assert inputs is not None
         if name == INPUTS_BASELINE:
-            pair = steps.StepPair(
-                lambda: [list(v.values) for v in replicas.values()]
-            )
-            return pair.timed, lambda: pair.verify(replicas.check_inputs)
+            body = lambda: [list(v.values) for v in inputs.values()]  # noqa: E731
+            return _step(body, inputs.check_inputs)
         if name == IDLE_BASELINE:
-            pair = steps.StepPair(lambda: [replicas.flats()[:2]])
-            return pair.timed, lambda: None
+            return _step(lambda: [inputs.flats()[:2]], None)
         if name == ROOFLINE_GRPC:
 
-            def copy() -> steps.Results:
-                source = replicas.flats()[0]
-                with tf.device(replicas.devices[1]):
+            def copy() -> _measure.Results:
+                source = inputs.flats()[0]
+                with tf.device(inputs.devices[1]):
                     return [[tf.identity(source)]]
 
-            pair = steps.StepPair(copy)
-            return pair.timed, lambda: pair.verify(
-                lambda results, _: steps.mismatch(
-                    np.asarray(results[0][0]),
-                    np.asarray(replicas.variables[0].value()),
-                )
+            sent = next(iter(inputs.variables[0].values())).numpy()
+            return _step(
+                copy,
+                lambda results, _: _measure.mismatch(
+                    np.asarray(results[0][0]), sent
+                ),
             )
-        candidate = candidates_lib.Candidate.from_dict(entry["candidate"])
-        reduce_fn = candidates_lib.build(candidate, replicas.devices)
-
-        def body() -> steps.Results:
-            return [list(v.values) for v in reduce_fn(replicas.values())]
-
-        pair = steps.StepPair(body)
-        return pair.timed, lambda: pair.verify(replicas.check)
+        assert candidate is not None
+        ops = candidates_lib.build(
+            candidates_lib.Candidate(**candidate), inputs.devices
+        )
+        return _step(_measure.all_reduce_body(ops, inputs), inputs.check)
 
 
 class _MwmsSession(_Session):
@@ -533,56 +420,48 @@ class _MwmsSession(_Session):
         resolver = self.strategy.cluster_resolver
         self.task = resolver.task_id
         self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
-        self.device = self.strategy.extended.worker_devices[0]
 
-    def load(self, workload: workloads_lib.Workload) -> steps.Replicas:
-        return steps.Replicas(
-            workload,
-            [self.device],
+    def load(self, gradients: Any) -> _measure.Inputs:
+        return _measure.Inputs(
+            gradients,
+            self.strategy.extended.worker_devices[:1],
             self.seed,
             first_replica=self.task,
             total_replicas=self.num_workers,
         )
 
-    def build(self, entry: dict[str, Any]):
+    def build(self, name: str, candidate: dict[str, Any] | None) -> Any:
         import tensorflow as tf
 
-        replicas = self.replicas
-        assert replicas is not None
-        if entry["name"] == MWMS_BASELINE:
-
-            def inputs() -> steps.Results:
-                tensors = self.strategy.run(lambda: replicas.tensors(0))
-                return [[t] for t in tensors]
-
-            pair = steps.StepPair(inputs)
-            return pair.timed, lambda: pair.verify(replicas.check_inputs)
-        kwargs = dict(entry["candidate"]["kwargs"])
-        options = None
-        if kwargs:
-            implementation = kwargs.pop("implementation", "AUTO")
-            options = tf.distribute.experimental.CommunicationOptions(
-                implementation=getattr(
-                    tf.distribute.experimental.CommunicationImplementation,
-                    implementation,
-                ),
-                **kwargs,
+        inputs = self.inputs
+        assert inputs is not None
+        if name == MWMS_BASELINE:
+            return _step(
+                lambda: [
+                    [t] for t in self.strategy.run(lambda: inputs.tensors(0))
+                ],
+                inputs.check_inputs,
             )
+        assert candidate is not None
+        kwargs = dict(candidate["kwargs"])
+        implementation = kwargs.pop("implementation", "AUTO")
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=getattr(
+                tf.distribute.experimental.CommunicationImplementation,
+                implementation,
+            ),
+            **kwargs,
+        )
 
-        def replica_fn() -> list[tf.Tensor]:
-            tensors = replicas.tensors(0)
+        def replica_fn() -> list[Any]:
             context = tf.distribute.get_replica_context()
-            if options is None:
-                return context.all_reduce(tf.distribute.ReduceOp.SUM, tensors)
             return context.all_reduce(
-                tf.distribute.ReduceOp.SUM, tensors, options=options
+                tf.distribute.ReduceOp.SUM, inputs.tensors(0), options=options
             )
 
-        def body() -> steps.Results:
-            return [[t] for t in self.strategy.run(replica_fn)]
-
-        pair = steps.StepPair(body)
-        return pair.timed, lambda: pair.verify(replicas.check)
+        return _step(
+            lambda: [[t] for t in self.strategy.run(replica_fn)], inputs.check
+        )
 
 
 def _child_main(argv: list[str]) -> int:
@@ -596,10 +475,8 @@ def _child_main(argv: list[str]) -> int:
     if setup is None:
         return 0
     try:
-        session: _Session = (
-            _ClientSession(setup)
-            if args.role == "client"
-            else _MwmsSession(setup)
+        session = (_ClientSession if args.role == "client" else _MwmsSession)(
+            setup
         )
     except Exception as e:  # noqa: BLE001 - sent to the parent.
         processes.reply(
@@ -612,7 +489,7 @@ def _child_main(argv: list[str]) -> int:
             answer = session.handle(command)
         except Exception as e:  # noqa: BLE001 - sent to the parent.
             answer = {
-                "error": f"{type(e).__name__}: {timing.first_line(str(e))}"
+                "error": f"{type(e).__name__}: {_measure.first_line(str(e))}"
             }
         processes.reply(answer)
     return 0

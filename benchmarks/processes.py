@@ -1,11 +1,14 @@
-"""Child processes that speak one JSON object per line.
+"""Every process the benchmark starts, and the ports it picks.
 
-The benchmark runs each single-process group in a fresh process (its memory
-high-water mark and any crash stay there) and the multi-worker sides in
-processes of their own. A parent writes commands to a child's stdin; the
-child answers on stdout with lines starting with `MARK` (anything else a
-child prints, TensorFlow's chatter included, is ignored). A child exits at
-end of input or when its parent dies; `Child.stop` kills its process group.
+All Popen, signals and ports of the study live here (one module, so that it
+can move onto the package's process layer in one step). The benchmark runs
+each single-process group in a fresh process (its memory high-water mark
+and any crash stay there), the multi-worker sides in processes of their own,
+and a plain TCP receiver for the loopback roofline. A parent writes
+commands to a child's stdin, one JSON object per line; the child answers on
+stdout with lines starting with `MARK` (anything else, TensorFlow's chatter
+included, is ignored). A child exits at end of input or when its parent
+dies; `Child.stop` kills its process group.
 
 >>> child = Child("echo", [sys.executable, "-c",
 ...     "import sys; print(sys.argv[1] + sys.stdin.readline(), flush=True)",
@@ -24,6 +27,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,10 +54,12 @@ class Child:
     Args:
         name: names the child in errors.
         argv: its command line.
-        env: its environment (see `child_env`).
+        env: its environment (default: `child_env({})`).
     """
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]):
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ):
         self.name = name
         # Read with os.pread on failure; nothing stays on disk.
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
@@ -62,7 +68,7 @@ class Child:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            env=env,
+            env=child_env({}) if env is None else env,
             text=True,
             bufsize=1,
             start_new_session=True,  # Its own process group, to kill.
@@ -220,3 +226,82 @@ def commands() -> Iterator[dict[str, Any]]:
             return
         if line.strip():
             yield json.loads(line)
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports free on 127.0.0.1 right now.
+
+    >>> len(set(free_ports(3)))
+    3
+    """
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)  # Held until all are picked: distinct.
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+# Reads `size` bytes per round and answers each round with one byte; no
+# TensorFlow, no numpy. Exits when the connection closes.
+_TCP_SINK = """
+import socket, sys
+port, size = int(sys.argv[1]), int(sys.argv[2])
+with socket.create_connection(("127.0.0.1", port)) as s:
+    view = memoryview(bytearray(1 << 20))
+    while True:
+        left = size
+        while left:
+            got = s.recv_into(view[: min(left, len(view))])
+            if not got:
+                sys.exit(0)
+            left -= got
+        s.sendall(b"k")
+"""
+
+
+def start_tcp_sink(
+    num_bytes: int, timeout: float = 60.0
+) -> tuple[Child, socket.socket]:
+    """A receiver process for `num_bytes` rounds, and the socket to it."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(timeout)
+        port = str(server.getsockname()[1])
+        argv = [sys.executable, "-c", _TCP_SINK, port, str(num_bytes)]
+        child = Child("TCP sink", argv, child_env({}))
+        try:
+            connection, _ = server.accept()
+        except BaseException:
+            child.stop()
+            raise
+    connection.settimeout(timeout)
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return child, connection
+
+
+@contextlib.contextmanager
+def worker_cluster(num_workers: int) -> Iterator[dict[str, Any]]:
+    """`num_workers` TensorFlow worker servers (one CPU each): their spec."""
+    from tf_crossdevice import cluster
+
+    with cluster.start_local_cluster(num_workers, cpus_per_worker=1) as local:
+        yield local.cluster_spec.as_dict()
+
+
+def tf_config_envs(num_workers: int) -> list[dict[str, str]]:
+    """Each task's environment for a TF_CONFIG cluster on free ports."""
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(num_workers)]
+    envs = []
+    for task in range(num_workers):
+        tf_config = {
+            "cluster": {"worker": addresses},
+            "task": {"type": "worker", "index": task},
+        }
+        env = child_env({"TF_CONFIG": json.dumps(tf_config)})
+        env.pop("TF_GRPC_REUSE_PORT", None)
+        envs.append(env)
+    return envs

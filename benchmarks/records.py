@@ -1,261 +1,260 @@
-"""Turns an entry's timing samples into a group's figures (JSON-ready).
+"""The benchmark's records (dataclasses) and the figures taken from them.
 
 A group is one workload on one set of replicas (n logical devices of one
 process, or p worker processes). Its entries are candidates ("ours", "tf"),
-rooflines and baselines, each with per-round samples. A result's time is its
-median minus its baseline's median: the all-reduce's own cost, as nccl-tests
-would time it, without the cost of producing its inputs.
+rooflines, bounds and baselines, each with a `_measure.Timing`. A result's
+time is its median minus its baseline's median: the all-reduce's own cost,
+as nccl-tests times it, without the cost of producing its inputs. JSON is
+`dataclasses.asdict` of a `Run`; `Run.read` turns it back into records.
 
->>> from benchmarks import workloads
->>> entries = [
-...     {"name": "base", "family": "baseline", "baseline": None,
-...      "samples": [1.0, 1.0, 1.0], "verified": None, "error": None},
-...     {"name": "roof", "family": "roofline", "baseline": None,
-...      "samples": [1.0, 1.0, 1.0], "verified": True, "error": None},
-...     {"name": "tf", "family": "tf", "baseline": "base",
-...      "samples": [5.0, 5.0, 5.0], "verified": True, "error": None},
-...     {"name": "ours", "family": "ours", "baseline": "base",
-...      "samples": [3.0, 3.0, 3.0], "verified": True, "error": None}]
->>> group = make_group_record(
-...     setting="single_process", workload=workloads.single_tensor(8),
-...     num_replicas=2, entries=entries, rounds=3)
->>> [(r["name"], r["time_seconds"], r["ratio_to_tf_best"],
-...   r["roofline_fraction"]) for r in group["results"]]
+>>> def entry(name, family, baseline, seconds):
+...     return entry_of(name, family, baseline, [seconds] * 3)
+>>> group = Group("single_process", "w", "", 2, 1, 8, 2, "float32")
+>>> add_results(group, [entry("base", "baseline", None, 1.0),
+...     entry("roof", "roofline", None, 1.0),
+...     entry("tf", "tf", "base", 5.0), entry("ours", "ours", "base", 3.0)])
+>>> [(r.name, r.time_seconds, r.ratio_to_tf_best, r.roofline_fraction)
+...  for r in group.results]
 [('roof', 1.0, 4.0, 1.0), ('tf', 4.0, 1.0, 0.25), ('ours', 2.0, 2.0, 0.5)]
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks import timing
-from benchmarks import workloads as workloads_lib
+from tf_crossdevice import _measure
 
 
-def make_group_record(
-    *,
-    setting: str,
-    workload: workloads_lib.Workload,
-    num_replicas: int,
-    entries: Sequence[dict[str, Any]],
-    rounds: int,
-    roofline_time: Callable[[float], float] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The group's JSON record from its entries' samples.
+@dataclasses.dataclass
+class Result:
+    """One entry of a group and its figures (None: no figure).
 
-    Each result's `time_seconds` is its median minus its baseline's median
-    (None when that is not above zero: the step is within noise of the
-    baseline). algbw = bytes / time; busbw = algbw * 2 (n - 1) / n. The
-    roofline is the fastest verified roofline entry; `roofline_fraction` is
-    roofline time / time and `ratio_to_tf_best` is TF's best time / time.
-
-    Args:
-        setting: "single_process" or "multi_worker".
-        workload: what each replica held.
-        num_replicas: n (devices) or p (workers).
-        entries: dicts with name, family, baseline (a name or None),
-            samples (seconds per call, one per round), verified, error, and
-            anything else to keep (copied into the record).
-        rounds: the rounds that were run.
-        roofline_time: turns a roofline entry's net seconds into the
-            roofline time for the workload (default: the same seconds).
-        extra: more fields for the group record.
+    Attributes:
+        name, family: the entry ("ours", "tf", "roofline", "bound",
+            "baseline").
+        baseline: the entry whose median is subtracted, if any.
+        timing: its check and samples.
+        time_seconds: median net of the baseline (None: within noise).
+        algbw_gbps: size / time. busbw_gbps: algbw * 2(n-1)/n.
+        roofline_fraction: roofline time / time.
+        ratio_to_tf_best: TF's best time / time (above 1: faster).
     """
-    medians = {
-        e["name"]: timing.summarize(e["samples"]).median
-        for e in entries
-        if e["samples"] and e["error"] is None
-    }
-    size = workload.num_bytes
-    bus_factor = 2 * (num_replicas - 1) / num_replicas
-    results = []
-    baselines = {}
-    for e in entries:
-        record = dict(e)
-        samples = record.pop("samples")
-        summary = timing.summarize(samples) if samples else None
-        record["step_seconds"] = summary.as_dict() if summary else None
-        if e["family"] == "baseline":
-            baselines[e["name"]] = record
-            continue
-        net = None
-        if summary is not None and e["error"] is None:
-            base = medians.get(e["baseline"], 0.0) if e["baseline"] else 0.0
-            if e["baseline"] and e["baseline"] not in medians:
-                record["error"] = f"baseline {e['baseline']!r} has no time"
-            elif summary.median - base > 0:
-                net = summary.median - base
-                record["net_q25_seconds"] = max(summary.q25 - base, 0.0)
-                record["net_q75_seconds"] = summary.q75 - base
-        if net is not None and e["family"] == "roofline" and roofline_time:
-            record["measured_seconds"] = net
-            net = roofline_time(net)
-        record["time_seconds"] = net
-        results.append(record)
 
-    def best(family: str) -> dict[str, Any] | None:
+    name: str
+    family: str
+    baseline: str | None
+    timing: _measure.Timing
+    time_seconds: float | None = None
+    algbw_gbps: float | None = None
+    busbw_gbps: float | None = None
+    roofline_fraction: float | None = None
+    ratio_to_tf_best: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.timing.error is None and self.timing.verified is not False
+
+
+@dataclasses.dataclass
+class Group:
+    """One workload on one set of replicas, and its results."""
+
+    setting: str  # "single_process" or "multi_worker"
+    workload: str
+    description: str
+    num_replicas: int
+    num_tensors: int
+    size_bytes: int
+    count: int
+    dtype: str
+    rounds: int = 0
+    error: str | None = None
+    skipped: str | None = None
+    roofline: str | None = None
+    roofline_seconds: float | None = None
+    tf_best: str | None = None
+    tf_best_seconds: float | None = None
+    ours_best: str | None = None
+    ours_best_seconds: float | None = None
+    baselines: list[Result] = dataclasses.field(default_factory=list)
+    results: list[Result] = dataclasses.field(default_factory=list)
+    # The finalists re-timed side by side: name -> net seconds.
+    confirmed: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    confirmed_rounds: int = 0
+    peak_rss_bytes: int | None = None
+    note: str = ""
+
+    @classmethod
+    def of(cls, setting: str, workload: Any, n: int, **kw: Any) -> Group:
+        return cls(
+            setting,
+            workload.name,
+            workload.description,
+            n,
+            workload.num_tensors,
+            workload.num_bytes,
+            workload.num_elements,
+            workload.dtype,
+            **kw,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Group:
+        def result(d: dict[str, Any]) -> Result:
+            t = dict(d["timing"], samples=tuple(d["timing"]["samples"]))
+            return Result(**{**d, "timing": _measure.Timing(**t)})
+
+        return cls(
+            **{
+                **data,
+                "baselines": [result(r) for r in data["baselines"]],
+                "results": [result(r) for r in data["results"]],
+            }
+        )
+
+    def time(self, name: str | None) -> float | None:
+        """`name`'s net time from the confirmation rounds, else the rounds."""
+        if name in self.confirmed:
+            return self.confirmed[name]
+        r = next((r for r in self.results if r.name == name), None)
+        return r.time_seconds if r is not None and r.ok else None
+
+
+@dataclasses.dataclass
+class Target:
+    """One of the project's targets (see targets.py), as measured."""
+
+    name: str
+    measured: float | None
+    threshold: float
+    met: bool
+    stand_in: bool
+    note: str
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything a run wrote to results.json."""
+
+    meta: dict[str, Any]
+    skipped: dict[str, str]
+    groups: list[Group]
+    targets: list[Target]
+
+    def write(self, path: pathlib.Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def read(cls, path: pathlib.Path) -> Run:
+        data = json.loads(path.read_text())
+        return cls(
+            data["meta"],
+            data["skipped"],
+            [Group.from_dict(g) for g in data["groups"]],
+            [Target(**t) for t in data["targets"]],
+        )
+
+
+def entry_of(
+    name: str, family: str, baseline: str | None, samples: Sequence[float]
+) -> Result:
+    """A verified entry with these samples (for examples and tests)."""
+    prepared = _measure.Prepared(family != "baseline" or None, None, 0.0, 0.0)
+    return Result(
+        name, family, baseline, _measure.Timing.of(name, prepared, 1, samples)
+    )
+
+
+def _net(
+    median: float | None,
+    base: float | None,
+    scale: Callable[[float], float] | None,
+) -> float | None:
+    if median is None or base is None or median - base <= 0:
+        return None
+    return scale(median - base) if scale else median - base
+
+
+def add_results(
+    group: Group,
+    entries: Sequence[Result],
+    roofline_time: Callable[[float], float] | None = None,
+) -> None:
+    """Sets the group's results, bests and figures from its entries.
+
+    `roofline_time` turns a roofline entry's net seconds into the roofline
+    for the workload (across workers: a one-way copy into a ring's bytes).
+    """
+    medians = {e.name: e.timing.median_seconds for e in entries}
+    group.rounds = max((len(e.timing.samples) for e in entries), default=0)
+    group.baselines = [e for e in entries if e.family == "baseline"]
+    group.results = [e for e in entries if e.family != "baseline"]
+    for r in group.results:
+        base = medians.get(r.baseline) if r.baseline else 0.0
+        scale = roofline_time if r.family == "roofline" else None
+        r.time_seconds = _net(r.timing.median_seconds, base, scale)
+
+    def best(family: str) -> Result | None:
         timed = [
             r
-            for r in results
-            if r["family"] == family
-            and r["verified"]
-            and r["time_seconds"] is not None
+            for r in group.results
+            if r.family == family and r.ok and r.time_seconds is not None
         ]
-        return min(timed, key=lambda r: r["time_seconds"]) if timed else None
+        return min(timed, key=lambda r: r.time_seconds or 0) if timed else None
 
-    roof, tf_best, ours_best = best("roofline"), best("tf"), best("ours")
-    for r in results:
-        t = r["time_seconds"]
-        r["algbw_GBps"] = size / t / 1e9 if t else None
-        r["busbw_GBps"] = r["algbw_GBps"] * bus_factor if t else None
-        r["roofline_fraction"] = (
-            roof["time_seconds"] / t if t and roof else None
-        )
-        r["ratio_to_tf_best"] = (
-            tf_best["time_seconds"] / t if t and tf_best else None
-        )
-    return {
-        "setting": setting,
-        "workload": workload.name,
-        "description": workload.description,
-        "num_replicas": num_replicas,
-        "num_tensors": workload.num_tensors,
-        "size_bytes": size,
-        "count": workload.num_elements,
-        "dtype": workload.dtype,
-        "rounds": rounds,
-        "error": None,
-        "skipped": None,
-        "roofline": roof["name"] if roof else None,
-        "roofline_seconds": roof["time_seconds"] if roof else None,
-        "tf_best": tf_best["name"] if tf_best else None,
-        "tf_best_seconds": tf_best["time_seconds"] if tf_best else None,
-        "ours_best": ours_best["name"] if ours_best else None,
-        "ours_best_seconds": ours_best["time_seconds"] if ours_best else None,
-        "baselines": baselines,
-        "results": results,
-        **(extra or {}),
-    }
+    roof, tf_best, ours = best("roofline"), best("tf"), best("ours")
+    for attr, r in (
+        ("roofline", roof),
+        ("tf_best", tf_best),
+        ("ours_best", ours),
+    ):
+        setattr(group, attr, r.name if r else None)
+        setattr(group, f"{attr}_seconds", r.time_seconds if r else None)
+    bus = 2 * (group.num_replicas - 1) / group.num_replicas
+    for r in group.results:
+        t = r.time_seconds
+        if t:
+            r.algbw_gbps = group.size_bytes / t / 1e9
+            r.busbw_gbps = r.algbw_gbps * bus
+            r.roofline_fraction = roof.time_seconds / t if roof else None
+            r.ratio_to_tf_best = tf_best.time_seconds / t if tf_best else None
 
 
-def attach_samples(
-    entries: Sequence[dict[str, Any]],
-    samples: dict[str, list[float]],
-    errors: dict[str, str],
-) -> None:
-    """Stores each entry's timed samples, and the error that stopped it.
+def finalists(group: Group, also: Sequence[str] = ()) -> list[str]:
+    """The entries the confirmation rounds re-time, with their baselines.
 
-    >>> entries = [{"name": "a", "error": None}, {"name": "b", "error": None}]
-    >>> attach_samples(entries, {"a": [1.0]}, {"b": "boom"})
-    >>> entries
-    [{'name': 'a', 'error': None, 'samples': [1.0]}, {'name': 'b', 'error': 'while timing: boom', 'samples': []}]
-    """  # noqa: E501
-    for entry in entries:
-        entry["samples"] = samples.get(entry["name"], [])
-        if entry["name"] in errors:
-            entry["error"] = f"while timing: {errors[entry['name']]}"
-
-
-def finalists(record: dict[str, Any], also: Sequence[str] = ()) -> list[str]:
-    """The entries a confirmation re-times, with the baselines they need.
-
-    The best of each family (ours, TF's, roofline, bound) is the minimum
-    over noisy medians, and the family with more candidates gets the
-    luckier minimum. Timing the chosen few again, side by side, gives
-    figures free of that selection bias. `also` adds entries the targets
-    compare against (e.g. "TF ReductionToOneDevice").
-
-    >>> record = {"ours_best": "a", "tf_best": "b", "roofline": None,
-    ...           "results": [
-    ...     {"name": "a", "family": "ours", "baseline": "base"},
-    ...     {"name": "b", "family": "tf", "baseline": "base"},
-    ...     {"name": "c", "family": "tf", "baseline": "base"}]}
-    >>> finalists(record, also=["c", "missing"])
-    ['a', 'b', 'c', 'base']
+    The best of a family is a minimum over noisy medians, and the family
+    with more candidates gets the luckier minimum; re-timing the chosen few
+    side by side removes that bias. `also`: entries targets compare with.
     """
-    by_name = {r["name"]: r for r in record["results"]}
-    bound = [
-        r["name"]
-        for r in record["results"]
-        if r["family"] == "bound" and r.get("time_seconds") is not None
-    ]
-    chosen = [record["ours_best"], record["tf_best"], record["roofline"]]
-    names = [n for n in [*chosen, *bound, *also] if n in by_name]
-    names = list(dict.fromkeys(names))
-    baselines = [
-        by_name[n]["baseline"] for n in names if by_name[n]["baseline"]
-    ]
-    return names + list(dict.fromkeys(baselines))
+    by_name = {r.name: r for r in group.results}
+    bounds = [r.name for r in group.results if r.family == "bound"]
+    chosen = [group.ours_best, group.tf_best, group.roofline, *bounds, *also]
+    names = list(dict.fromkeys(n for n in chosen if n in by_name))
+    bases = [by_name[n].baseline for n in names if by_name[n].baseline]
+    return names + list(dict.fromkeys(b for b in bases if b))
 
 
 def add_confirmation(
-    record: dict[str, Any],
+    group: Group,
     samples: dict[str, list[float]],
-    errors: dict[str, str],
     roofline_time: Callable[[float], float] | None = None,
 ) -> None:
-    """Stores the finalists' re-timed figures as `record["confirmed"]`.
-
-    Times are net of their baselines from the same confirmation rounds.
-    `confirmed["times"]` maps each finalist to its net seconds (None:
-    within noise, or it failed this time); the ratios use those times.
-
-    >>> record = {"ours_best": "a", "tf_best": "b", "roofline": "r",
-    ...           "results": [
-    ...     {"name": "a", "family": "ours", "baseline": "base"},
-    ...     {"name": "b", "family": "tf", "baseline": "base"},
-    ...     {"name": "r", "family": "roofline", "baseline": None}]}
-    >>> add_confirmation(record, {"a": [3.0], "b": [5.0], "r": [1.0],
-    ...                           "base": [1.0]}, {})
-    >>> c = record["confirmed"]
-    >>> c["times"], c["ratio_to_tf_best"], c["roofline_fraction"]
-    ({'a': 2.0, 'b': 4.0, 'r': 1.0}, 2.0, 0.5)
-    """
+    """Stores the finalists' net times from the confirmation rounds."""
     medians = {
-        name: timing.summarize(values).median
-        for name, values in samples.items()
-        if values and name not in errors
+        n: _measure.Timing.of(n, _OK, 1, s).median_seconds
+        for n, s in samples.items()
     }
-    times: dict[str, float | None] = {}
-    for r in record["results"]:
-        name = r["name"]
-        if name not in samples:
-            continue
-        net = None
-        base = r["baseline"]
-        if name in medians and (base is None or base in medians):
-            net = medians[name] - (medians[base] if base else 0.0)
-            if net <= 0:
-                net = None
-        if net is not None and r["family"] == "roofline" and roofline_time:
-            net = roofline_time(net)
-        times[name] = net
-    ours = times.get(record["ours_best"])
-    tf_best = times.get(record["tf_best"])
-    roof = times.get(record["roofline"])
-    record["confirmed"] = {
-        "rounds": max((len(v) for v in samples.values()), default=0),
-        "times": times,
-        "samples": samples,
-        "errors": errors,
-        "ratio_to_tf_best": tf_best / ours if tf_best and ours else None,
-        "roofline_fraction": roof / ours if roof and ours else None,
-    }
+    group.confirmed_rounds = max(map(len, samples.values()), default=0)
+    for r in group.results:
+        if r.name in samples:
+            base = medians.get(r.baseline) if r.baseline else 0.0
+            scale = roofline_time if r.family == "roofline" else None
+            group.confirmed[r.name] = _net(medians[r.name], base, scale)
 
 
-def confirmed_time(group: dict[str, Any], name: str | None) -> float | None:
-    """`name`'s net time from the confirmation rounds, else from the rounds.
-
-    >>> confirmed_time({"confirmed": {"times": {"a": 2.0}}, "results": []},
-    ...                "a")
-    2.0
-    """
-    confirmed = group.get("confirmed") or {}
-    if name in confirmed.get("times", {}):
-        return confirmed["times"][name]
-    result = next((r for r in group["results"] if r["name"] == name), None)
-    if result is None or not result["verified"] or result["error"]:
-        return None
-    return result["time_seconds"]
+_OK = _measure.Prepared(True, None, 0.0, 0.0)

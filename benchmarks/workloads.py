@@ -1,44 +1,23 @@
-"""The tensor sets the benchmark reduces, and the data it fills them with.
+"""The tensor sets the benchmark reduces: one replica's float32 gradients.
 
-A workload is a list of float32 shapes: one replica's gradients. Every
-replica holds its own values, small random integers stored as float32, so
-that any summation order gives the exact sum and results can be compared
-with numpy's bit for bit.
-
-Each replica's tensors live in one flat buffer; every tensor starts at a
-multiple of `ALIGN_ELEMENTS` elements. TensorFlow then cuts the buffer into
-the tensors without copying (CPU `Split` and `Slice` share the buffer when
-the pieces are 64-byte aligned), so the benchmark's inputs cost a few ops
-per step instead of one captured variable per tensor.
+The values come from `tf_crossdevice._measure.Inputs` (small integers, so
+every summation order gives numpy's sum exactly).
 
 >>> small = many_small(8)
 >>> small.num_tensors, small.num_bytes <= 8 * 4096
 (8, True)
->>> layout = FlatLayout.of(((3,), (2, 2)))
->>> layout.offsets, layout.padded_sizes, layout.total_elements
-((0, 16), (16, 16), 32)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import math
-from collections.abc import Sequence
-
-import numpy as np
 
 Shape = tuple[int, ...]
 
-# 64 bytes of float32: TensorFlow's CPU kernels (EIGEN_MAX_ALIGN_BYTES) share
-# the buffer of pieces that start and end on this boundary.
-ALIGN_ELEMENTS = 16
 DTYPE = "float32"
 _ITEMSIZE = 4
-# Values are integers in [-VALUE_RANGE, VALUE_RANGE]: sums of up to 2**24 /
-# VALUE_RANGE replicas are exact in float32.
-VALUE_RANGE = 100
 
 # The shapes of BERT-base's trainable variables (uncased, 12 layers, hidden
 # 768, intermediate 3072, vocabulary 30522, 512 positions), in the order of
@@ -121,6 +100,11 @@ class Workload:
     def dtype(self) -> str:
         return DTYPE
 
+    @property
+    def gradients(self) -> list[tuple[Shape, str]]:
+        """(shape, dtype) of each tensor, as `_measure.Inputs` takes them."""
+        return [(s, DTYPE) for s in self.shapes]
+
     def truncated(self, num_tensors: int) -> Workload:
         """The first `num_tensors` tensors, named so the report says so.
 
@@ -142,10 +126,6 @@ def resnet50_shapes() -> tuple[Shape, ...]:
 
     Builds the model once per process (about a second, no download) and
     keeps only the shapes: 214 tensors, 25,583,592 float32 values.
-
-    >>> shapes = resnet50_shapes()
-    >>> len(shapes), shapes[0]
-    (214, (7, 7, 3, 64))
     """
     import tensorflow as tf
 
@@ -253,80 +233,3 @@ def single_tensor(num_bytes: int) -> Workload:
         ((num_bytes // 4,),),
         f"one tensor of {num_bytes} bytes",
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class FlatLayout:
-    """Where each tensor of a workload sits in a replica's flat buffer.
-
-    Attributes:
-        shapes: the tensors' shapes.
-        sizes: their element counts.
-        offsets: where each starts, a multiple of `ALIGN_ELEMENTS`.
-        padded_sizes: the elements from each offset to the next (the last
-            one runs to the end of the buffer).
-        total_elements: the buffer's length.
-    """
-
-    shapes: tuple[Shape, ...]
-    sizes: tuple[int, ...]
-    offsets: tuple[int, ...]
-    padded_sizes: tuple[int, ...]
-    total_elements: int
-
-    @classmethod
-    def of(cls, shapes: Sequence[Shape]) -> FlatLayout:
-        shapes = tuple(tuple(s) for s in shapes)
-        sizes = tuple(math.prod(s) for s in shapes)
-        padded = tuple(
-            -(-max(n, 1) // ALIGN_ELEMENTS) * ALIGN_ELEMENTS for n in sizes
-        )
-        offsets = tuple(int(x) for x in np.cumsum((0,) + padded[:-1]))
-        return cls(shapes, sizes, offsets, padded, sum(padded))
-
-    def views(self, flat: np.ndarray) -> list[np.ndarray]:
-        """The tensors of a flat numpy buffer (views, not copies).
-
-        >>> layout = FlatLayout.of(((2,), (1, 2)))
-        >>> [v.tolist() for v in layout.views(np.arange(32))]
-        [[0, 1], [[16, 17]]]
-        """
-        return [
-            flat[o : o + n].reshape(s)
-            for o, n, s in zip(
-                self.offsets, self.sizes, self.shapes, strict=True
-            )
-        ]
-
-
-def replica_seed(seed: int, workload: str, replica: int) -> int:
-    """A seed for one replica's values, stable across processes.
-
-    >>> replica_seed(0, "resnet50", 1) == replica_seed(0, "resnet50", 1)
-    True
-    >>> replica_seed(0, "resnet50", 1) == replica_seed(0, "resnet50", 2)
-    False
-    """
-    text = f"{seed}/{workload}/{replica}".encode()
-    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
-
-
-def replica_data(
-    layout: FlatLayout, seed: int, workload: str, replica: int
-) -> np.ndarray:
-    """One replica's flat float32 buffer: integers, zero padding.
-
-    >>> layout = FlatLayout.of(((5,),))
-    >>> a = replica_data(layout, 0, "w", 1)
-    >>> a.dtype, a.shape, bool(np.all(a[5:] == 0))
-    (dtype('float32'), (16,), True)
-    >>> bool(np.array_equal(a, replica_data(layout, 0, "w", 1)))
-    True
-    """
-    rng = np.random.default_rng(replica_seed(seed, workload, replica))
-    flat = np.zeros(layout.total_elements, np.float32)
-    for offset, size in zip(layout.offsets, layout.sizes, strict=True):
-        flat[offset : offset + size] = rng.integers(
-            -VALUE_RANGE, VALUE_RANGE + 1, size, dtype=np.int16
-        )
-    return flat

@@ -1,12 +1,13 @@
 """Command line: `python -m benchmarks [--quick] [flags]` (from a checkout).
 
 Runs the single-process groups (every workload on 2, 4 and 8 logical CPU
-devices), then the multi-worker groups (2 and 3 worker processes), prints
-the table and writes `results.txt`, `results.json` and `time_vs_size.png`
-to `--output_dir`. Exit code 0 when every result was verified and timed, 2
-when some candidate failed (its row says why), 1 on a usage error.
+devices, each group in a process of its own), then the multi-worker groups
+(2 and 3 worker processes), prints the table and writes `results.txt`,
+`results.md`, `results.json` and `time_vs_size.png` to `--output_dir`. Exit
+code 0 when every result was verified and timed, 2 when something failed
+(its row says why), 1 on a usage error.
 
-`--quick` (under two minutes on two cores) uses stand-ins: the first 24
+`--quick` (a few minutes on two shared cores) uses stand-ins: the first 24
 ResNet-50 tensors, 32 small tensors, two sweep sizes, 4 devices, 2 workers
 and a few candidates per family. Flags given explicitly win over it.
 """
@@ -20,7 +21,6 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,13 +29,12 @@ from absl import app, flags, logging  # noqa: E402
 
 FLAGS = flags.FLAGS
 WORKLOADS = ("resnet50", "bert_base", "many_small", "sweep")
-
-# Flag values `--quick` uses unless the flag is given.
 EXTRAS = ("tqdm", "matplotlib")
+# Flag values `--quick` uses unless the flag is given.
 QUICK_DEFAULTS: dict[str, Any] = {
     "workloads": ["resnet50", "many_small", "sweep"],
-    "devices": [4],
-    "workers": [2],
+    "devices": ["4"],
+    "workers": ["2"],
     "multi_worker_workloads": ["resnet50"],
     "rounds": 5,
     "target_seconds": 0.02,
@@ -50,61 +49,26 @@ def define_flags() -> None:
     """Defines the command's flags (once per process)."""
     if "quick" in FLAGS:
         return
-    flags.DEFINE_bool(
-        "quick", False, "A small run (under two minutes): see the docstring."
-    )
-    flags.DEFINE_string(
-        "output_dir", "benchmark_results", "Where the files are written."
-    )
-    flags.DEFINE_list(
-        "workloads",
-        list(WORKLOADS),
-        f"Single-process workloads, from {', '.join(WORKLOADS)}.",
-    )
-    flags.DEFINE_list(
-        "devices", ["2", "4", "8"], "Logical CPU device counts (one process)."
-    )
-    flags.DEFINE_list(
-        "workers", ["2", "3"], "Worker process counts (empty: none)."
-    )
+    flags.DEFINE_bool("quick", False, "A small run: see the docstring.")
+    flags.DEFINE_string("output_dir", "benchmark_results", "Output folder.")
+    flags.DEFINE_list("workloads", list(WORKLOADS), "Single-process sets.")
+    flags.DEFINE_list("devices", ["2", "4", "8"], "Logical CPU device counts.")
+    flags.DEFINE_list("workers", ["2", "3"], "Worker process counts.")
     flags.DEFINE_list(
         "multi_worker_workloads",
         ["resnet50", "many_small"],
-        "Workloads across worker processes (resnet50, bert_base, many_small).",
+        "Sets across worker processes (resnet50, bert_base, many_small).",
     )
     flags.DEFINE_integer("rounds", 7, "Timing rounds.", lower_bound=1)
     flags.DEFINE_float(
-        "target_seconds",
-        0.05,
-        "Each measurement repeats the step for about this long.",
-        lower_bound=0,
+        "target_seconds", 0.05, "Seconds per measurement.", lower_bound=0
     )
-    flags.DEFINE_integer(
-        "max_reps",
-        200,
-        "At most this many steps per measurement.",
-        lower_bound=1,
-    )
-    flags.DEFINE_integer(
-        "resnet50_tensors",
-        214,
-        "Use the first N ResNet-50 tensors (214: all).",
-        lower_bound=1,
-    )
-    flags.DEFINE_integer(
-        "many_small_count",
-        1000,
-        "Tensors in the many-small set.",
-        lower_bound=1,
-    )
+    flags.DEFINE_integer("max_reps", 200, "Steps per measurement, at most.")
+    flags.DEFINE_integer("resnet50_tensors", 214, "First N ResNet-50 tensors.")
+    flags.DEFINE_integer("many_small_count", 1000, "Tensors in many_small.")
     flags.DEFINE_integer("sweep_min_bytes", 4, "Smallest sweep size.")
     flags.DEFINE_integer("sweep_max_bytes", 256 << 20, "Largest sweep size.")
-    flags.DEFINE_integer(
-        "sweep_step",
-        2,
-        "Each sweep size is this times the last.",
-        lower_bound=2,
-    )
+    flags.DEFINE_integer("sweep_step", 2, "Sweep size ratio.", lower_bound=2)
     flags.DEFINE_string(
         "candidates",
         "",
@@ -115,54 +79,51 @@ def define_flags() -> None:
         "always run.",
     )
     flags.DEFINE_enum(
-        "sweep_table",
-        "best",
-        ["best", "all"],
-        "Sweep rows: roofline, TF's best and ours best per size, or all.",
+        "sweep_table", "best", ["best", "all"], "Sweep rows: best of each."
     )
     flags.DEFINE_integer("seed", 0, "Seeds the values and the round order.")
     flags.DEFINE_float(
-        "timeout_seconds",
-        900.0,
-        "The longest one multi-worker command may take.",
-        lower_bound=1,
+        "timeout_seconds", 900.0, "Longest silence of a child process."
     )
     flags.DEFINE_float(
         "max_memory_gib",
         12.0,
-        "Leave out single-process groups whose estimated peak memory "
-        "(single_process.estimated_peak_bytes) is above this.",
-        lower_bound=0,
+        "Leave out single-process groups estimated to need more memory.",
     )
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
 
 
-def _ints(values: Sequence[str], flag: str, minimum: int) -> list[int]:
-    out = []
-    for v in values:
-        try:
-            number = int(v)
-        except ValueError:
-            raise app.UsageError(f"--{flag}: {v!r} is not an integer") from None
-        if number < minimum:
-            raise app.UsageError(f"--{flag}: {number} is below {minimum}")
-        out.append(number)
-    return out
+def _ints(flag: str, minimum: int) -> list[int]:
+    try:
+        values = [int(v) for v in FLAGS[flag].value or ()]
+    except ValueError as e:
+        raise app.UsageError(f"--{flag}: {e}") from None
+    if any(v < minimum for v in values):
+        raise app.UsageError(f"--{flag}: {values} has a value below {minimum}")
+    return values
 
 
-def _workload(name: str, flag: str) -> Any:
+def _workloads(flag: str) -> list[Any]:
     from benchmarks import workloads
 
-    if name == "resnet50":
-        return workloads.resnet50().truncated(FLAGS.resnet50_tensors)
-    if name == "bert_base":
-        return workloads.bert_base()
-    if name == "many_small":
-        return workloads.many_small(FLAGS.many_small_count)
-    raise app.UsageError(
-        f"--{flag}: unknown workload {name!r}; expected one of "
-        f"{', '.join(WORKLOADS)}"
-    )
+    out = []
+    for name in FLAGS[flag].value or ():
+        if name == "resnet50":
+            out.append(workloads.resnet50().truncated(FLAGS.resnet50_tensors))
+        elif name == "bert_base":
+            out.append(workloads.bert_base())
+        elif name == "many_small":
+            out.append(workloads.many_small(FLAGS.many_small_count))
+        elif name == "sweep" and flag == "workloads":
+            out += workloads.sweep(
+                FLAGS.sweep_min_bytes, FLAGS.sweep_max_bytes, FLAGS.sweep_step
+            )
+        else:
+            raise app.UsageError(
+                f"--{flag}: unknown workload {name!r}; expected one of "
+                f"{', '.join(WORKLOADS)}"
+            )
+    return out
 
 
 def missing_extras() -> str | None:
@@ -182,36 +143,17 @@ def _machine() -> str:
 
     return (
         f"{os.cpu_count()} CPU cores "
-        f"({platform.processor() or platform.machine()}), "
-        f"load average {os.getloadavg()[0]:.1f}, Python "
-        f"{platform.python_version()}, TensorFlow {tf.__version__}, numpy "
-        f"{np.__version__}"
+        f"({platform.processor() or platform.machine()}), load average "
+        f"{os.getloadavg()[0]:.1f}, Python {platform.python_version()}, "
+        f"TensorFlow {tf.__version__}, numpy {np.__version__}"
     )
-
-
-def _plan(candidates_lib: Any, workloads: Any, devices: list[int]) -> list:
-    """(workload, devices, candidates) of each single-process group."""
-    single = []
-    for name in FLAGS.workloads:
-        if name == "sweep":
-            single += workloads.sweep(
-                FLAGS.sweep_min_bytes, FLAGS.sweep_max_bytes, FLAGS.sweep_step
-            )
-        else:
-            single.append(_workload(name, "workloads"))
-    return [
-        (w, n, candidates_lib.single_process_candidates(w, FLAGS.quick))
-        for w in single
-        for n in devices
-    ]
 
 
 def _failures(groups: list[Any]) -> list[str]:
     out = []
     for g in groups:
         where = f"{g.workload} x{g.num_replicas}"
-        if g.error:
-            out.append(f"{where}: {g.error}")
+        out += [f"{where}: {g.error}"] if g.error else []
         out += [
             f"{where}: {r.name}: {r.timing.error}"
             for r in g.results
@@ -223,24 +165,20 @@ def _failures(groups: list[Any]) -> list[str]:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if FLAGS.quick:
-        for name, value in QUICK_DEFAULTS.items():
-            if not FLAGS[name].present:
-                setattr(FLAGS, name, value)
+    for name, value in QUICK_DEFAULTS.items() if FLAGS.quick else ():
+        if not FLAGS[name].present:
+            FLAGS[name].value = value
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
         import tensorflow as tf
 
         # Every candidate is a new tf.function by design: no retrace warnings.
         tf.get_logger().setLevel("ERROR")
-    devices = _ints(FLAGS.devices, "devices", 2)
-    workers = _ints(FLAGS.workers, "workers", 2)
-    for name in FLAGS.workloads:
-        if name not in WORKLOADS:
-            raise app.UsageError(
-                f"--workloads: unknown workload {name!r}; expected one of "
-                f"{', '.join(WORKLOADS)}"
-            )
+    devices, workers = _ints("devices", 2), _ints("workers", 2)
+    single, across = (
+        _workloads("workloads"),
+        _workloads("multi_worker_workloads"),
+    )
     missing = missing_extras()
     if missing:
         print(missing, file=sys.stderr)
@@ -254,7 +192,6 @@ def main(argv: list[str]) -> int:
         report,
         single_process,
         targets,
-        workloads,
     )
 
     started = time.time()
@@ -270,97 +207,73 @@ def main(argv: list[str]) -> int:
         seed=FLAGS.seed,
         cores=os.cpu_count() or 1,
     )
-    plan = _plan(candidates_lib, workloads, devices)
-    mw_workloads = [
-        _workload(name, "multi_worker_workloads")
-        for name in FLAGS.multi_worker_workloads
+    plan = [
+        (w, n, candidates_lib.single_process_candidates(w, FLAGS.quick))
+        for w in single
+        for n in devices
     ]
-    mw_lists = [
-        candidates_lib.multi_worker_candidates(w, FLAGS.quick)
-        for w in (mw_workloads if workers else [])
-    ]
+    every = [c for _, _, group in plan for c in group]
+    for w in across if workers else []:
+        every += candidates_lib.multi_worker_candidates(w, FLAGS.quick)
     try:
-        candidates_lib.check_patterns(
-            [c for _, _, group in plan for c in group]
-            + [c for group in mw_lists for c in group],
-            FLAGS.candidates,
-        )
+        candidates_lib.check_patterns(every, FLAGS.candidates)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
 
     def keep(group: list[Any]) -> list[Any]:
         return candidates_lib.select(group, FLAGS.candidates)
 
-    plan = [(w, n, keep(c)) for w, n, c in plan]
-    total = sum(
-        single_process.units(len(c), config.rounds, w.num_tensors)
-        for w, _, c in plan
-    ) + len(workers) * sum(
-        multi_worker.units(len(keep(c)), config.rounds) for c in mw_lists
-    )
     output = pathlib.Path(FLAGS.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     groups: list[records.Group] = []
 
     def save_partial() -> None:  # A long run that dies keeps what it measured.
-        records.Run({**meta, "partial": True}, {}, groups, []).write(
-            output / "results.json"
-        )
+        run = records.Run({**meta, "partial": True}, {}, groups, [])
+        run.write(output / "results.json")
 
     with tqdm.tqdm(
-        total=total, file=sys.stderr, disable=not FLAGS.progress, unit="step"
+        total=len(plan) + len(workers) * len(across),
+        file=sys.stderr,
+        disable=not FLAGS.progress,
+        unit="group",
     ) as bar:
 
         def describe(text: str) -> None:
             bar.set_postfix_str(text[:70], refresh=True)
 
-        for workload, n, candidates in plan:
-            units = single_process.units(
-                len(candidates), config.rounds, workload.num_tensors
-            )
-            need = single_process.estimated_peak_bytes(workload, n)
-            done = bar.n
-            if need > FLAGS.max_memory_gib * 2**30:
-                groups.append(
-                    records.Group.of(
-                        "single_process",
-                        workload,
-                        n,
-                        skipped=f"needs about {need / 2**30:.1f} GiB (over "
-                        f"--max_memory_gib={FLAGS.max_memory_gib:g})",
-                    )
+        for w, n, candidates in plan:
+            need = single_process.estimated_peak_bytes(w, n) / 2**30
+            if need > FLAGS.max_memory_gib:
+                skipped = f"needs about {need:.1f} GiB (over --max_memory_gib)"
+                group = records.Group.of(
+                    "single_process", w, n, skipped=skipped
                 )
             else:
                 try:
-                    groups.append(
-                        single_process.run_in_child(
-                            workload,
-                            n,
-                            candidates,
-                            config,
-                            bar.update,
-                            describe,
-                            FLAGS.timeout_seconds,
-                        )
+                    group = single_process.run_in_child(
+                        w,
+                        n,
+                        keep(candidates),
+                        config,
+                        describe,
+                        FLAGS.timeout_seconds,
                     )
                 except Exception as e:  # noqa: BLE001 - in the table.
                     error = f"{type(e).__name__}: {e}"
-                    groups.append(
-                        records.Group.of(
-                            "single_process", workload, n, error=error
-                        )
+                    group = records.Group.of(
+                        "single_process", w, n, error=error
                     )
-            bar.update(max(units - (bar.n - done), 0))
+            groups.append(group)
+            bar.update(1)
             save_partial()
         for p in workers:
             try:
                 groups += multi_worker.run(
-                    mw_workloads,
+                    across,
                     p,
                     config,
                     FLAGS.quick,
                     FLAGS.timeout_seconds,
-                    bar.update,
                     describe,
                     keep,
                 )
@@ -368,8 +281,9 @@ def main(argv: list[str]) -> int:
                 error = f"{type(e).__name__}: {e}"
                 groups += [
                     records.Group.of("multi_worker", w, p, error=error)
-                    for w in mw_workloads
+                    for w in across
                 ]
+            bar.update(len(across))
             save_partial()
 
     meta["seconds"] = time.time() - started
@@ -380,7 +294,7 @@ def main(argv: list[str]) -> int:
     table = report.write_all(output, run, FLAGS.sweep_table == "all")
     print(f"{table}\n# finished in {meta['seconds']:.0f} s", flush=True)
     print(
-        f"# wrote {output}/results.txt, results.md, results.json, "
+        f"# wrote {output}/results.txt, results.md, results.json and "
         "time_vs_size.png"
     )
     failed = _failures(groups)

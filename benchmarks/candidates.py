@@ -35,7 +35,7 @@ AGGREGATE = {
     "agg_small_grads_max_bytes": 64 << 10,
     "agg_small_grads_max_group": 1024,
 }
-PACKINGS = (NO_PACKING, PACKS_1, PACKS_4, AGGREGATE)
+PACKINGS: tuple[dict[str, int], ...] = (NO_PACKING, PACKS_1, PACKS_4, AGGREGATE)
 # In one process, a/b specs run their inner stage only and nccl has no CPU
 # kernel, so these are the single-process spec algorithms.
 SINGLE_PROCESS_SPECS = ("pscpu", "psgpu", "xring", "rechd")
@@ -57,21 +57,14 @@ SKIPPED = {
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One way to all-reduce, as data.
-
-    Attributes:
-        name: unique label (table, JSON, plot legend, --candidates).
-        family: "ours" or "tf".
-        kind: which constructor `build` uses.
-        kwargs: its arguments (JSON-compatible).
-        note: what the reader should know about it.
-    """
+    """One way to all-reduce, as data: a unique name (table, JSON, plot,
+    --candidates), its family ("ours" or "tf"), the kind of constructor
+    `build` uses and its (JSON-compatible) arguments."""
 
     name: str
     family: str
     kind: str
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    note: str = ""
 
 
 def _label(packing: dict[str, int]) -> str:
@@ -91,15 +84,26 @@ def _applies(c: Candidate, workload: workloads_lib.Workload) -> bool:
     num_packs=1 only concatenates (one tensor stays as it is); num_packs>1
     also splits; aggregation needs two tensors of at most its size.
     """
-    if c.family != "ours":
-        return True
-    if c.kwargs.get("num_packs") == 1:
+    if c.family == "ours" and c.kwargs.get("num_packs") == 1:
         return workload.num_tensors > 1
-    limit = c.kwargs.get("agg_small_grads_max_bytes")
-    if limit:
-        small = [s for s in workload.shapes if math.prod(s) * 4 <= limit]
-        return len(small) >= 2
-    return True
+    limit = c.kwargs.get("agg_small_grads_max_bytes", 0)
+    small = [s for s in workload.shapes if math.prod(s) * 4 <= limit]
+    return not limit or len(small) >= 2
+
+
+def _ours(
+    name: str, kind: str, settings: Sequence[tuple[Any, dict[str, int]]]
+) -> list[Candidate]:
+    key = "all_reduce_alg" if kind == "ours_all_reduce" else "all_reduce_spec"
+    out = []
+    for alg, packing in settings:
+        kwargs = {key: alg} | packing
+        label = (alg if isinstance(alg, str) else repr(alg)) + _label(packing)
+        if kind == "ours_all_reduce":  # hierarchical copy packs by default
+            kwargs = {"num_packs": 0} | kwargs
+            label = _label(packing).strip() or "num_packs=0"
+        out.append(Candidate(f"ours {name} {label}", "ours", kind, kwargs))
+    return out
 
 
 def single_process_candidates(
@@ -109,43 +113,19 @@ def single_process_candidates(
     out = [
         Candidate("TF ReductionToOneDevice", "tf", "tf_r1d"),
         Candidate("TF HierarchicalCopy num_packs=1", "tf", "tf_hc", PACKS_1),
+        Candidate("TF HierarchicalCopy num_packs=4", "tf", "tf_hc", PACKS_4),
+        # TF 2.21 MirroredStrategy's default: CollectiveAllReduce.
+        Candidate("TF MirroredStrategy default", "tf", "tf_mirrored_default"),
+        Candidate("ours ReductionToOneDevice", "ours", "ours_r1d"),
     ]
-    if not quick:
-        out.append(
-            Candidate("TF HierarchicalCopy num_packs=4", "tf", "tf_hc", PACKS_4)
-        )
-    out.append(
-        Candidate(
-            "TF MirroredStrategy default",
-            "tf",
-            "tf_mirrored_default",
-            note="TF 2.21 MirroredStrategy's default: CollectiveAllReduce",
-        )
-    )
-    out.append(Candidate("ours ReductionToOneDevice", "ours", "ours_r1d"))
-    for packing in (NO_PACKING, AGGREGATE) if quick else PACKINGS:
-        out.append(
-            Candidate(
-                "ours HierarchicalCopy" + (_label(packing) or " num_packs=0"),
-                "ours",
-                "ours_all_reduce",
-                {"all_reduce_alg": "hierarchical_copy", "num_packs": 0}
-                | packing,
-                note="" if packing else "select_cross_device_ops' CPU pick",
-            )
-        )
-    settings = [(s, p) for s in SINGLE_PROCESS_SPECS for p in PACKINGS]
+    hierarchical = [("hierarchical_copy", p) for p in PACKINGS]
+    specs = [(s, p) for s in SINGLE_PROCESS_SPECS for p in PACKINGS]
     if quick:
-        settings = [("pscpu", AGGREGATE), ("xring", PACKS_1)]
-    for spec, packing in settings:
-        out.append(
-            Candidate(
-                f"ours SpecAllReduce {spec}{_label(packing)}",
-                "ours",
-                "ours_spec",
-                {"all_reduce_spec": spec} | packing,
-            )
-        )
+        del out[2]
+        hierarchical = [hierarchical[0], hierarchical[3]]
+        specs = [("pscpu", AGGREGATE), ("xring", PACKS_1)]
+    out += _ours("HierarchicalCopy", "ours_all_reduce", hierarchical)
+    out += _ours("SpecAllReduce", "ours_spec", specs)
     return [c for c in out if _applies(c, workload)]
 
 
@@ -155,53 +135,31 @@ def multi_worker_candidates(
     """The candidates across worker processes (one CPU replica each).
 
     Ours run in one client driving the workers (MultiWorkerAllReduce);
-    MultiWorkerMirroredStrategy ("mwms") runs between-graph.
+    MultiWorkerMirroredStrategy ("mwms", default options: AUTO, which is
+    RING on CPU, one pack) runs between-graph.
     """
     out = [
-        Candidate(
-            "TF MWMS default",
-            "tf",
-            "mwms",
-            note="MultiWorkerMirroredStrategy, default CommunicationOptions "
-            "(AUTO: RING on CPU, one pack)",
-        ),
+        Candidate("TF MWMS default", "tf", "mwms"),
         Candidate("TF MWMS RING", "tf", "mwms", {"implementation": "RING"}),
     ]
-    if not quick:
-        out += [
+    for size in () if quick else MWMS_BYTES_PER_PACK:
+        out.append(
             Candidate(
                 f"TF MWMS RING bytes_per_pack={size >> 20}MiB",
                 "tf",
                 "mwms",
                 {"implementation": "RING", "bytes_per_pack": size},
             )
-            for size in MWMS_BYTES_PER_PACK
-        ]
+        )
+    if not quick:  # driven by our client, like ours
         out.append(
-            Candidate(
-                "TF ReductionToOneDevice (in-graph)",
-                "tf",
-                "tf_r1d",
-                note="driven by our client, like ours",
-            )
+            Candidate("TF ReductionToOneDevice (in-graph)", "tf", "tf_r1d")
         )
     specs, packings = MULTI_WORKER_SPECS, PACKINGS
     if quick:
-        specs, packings = (
-            (MULTI_WORKER_SPECS[0], "xring"),
-            (NO_PACKING, PACKS_1),
-        )
-    for spec in specs:
-        label = spec if isinstance(spec, str) else repr(spec)
-        for packing in packings:
-            out.append(
-                Candidate(
-                    f"ours MultiWorkerAllReduce {label}{_label(packing)}",
-                    "ours",
-                    "ours_multi_worker",
-                    {"all_reduce_spec": spec} | packing,
-                )
-            )
+        specs, packings = (specs[0], "xring"), (NO_PACKING, PACKS_1)
+    settings = [(s, p) for s in specs for p in packings]
+    out += _ours("MultiWorkerAllReduce", "ours_multi_worker", settings)
     return [c for c in out if _applies(c, workload)]
 
 

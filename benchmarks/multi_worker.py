@@ -41,62 +41,20 @@ _FIXED = (
     (ROOFLINE_GRPC, "roofline", IDLE_BASELINE, None),
     (ROOFLINE_TCP, "roofline", None, None),
 )
-MAX_FINALISTS = 8
-
-
-class _Group:
-    """Children that get every command; each answers once per command."""
-
-    def __init__(self, name: str, children: list[processes.Child]):
-        self.name, self.children = name, children
-        self.dead: str | None = None
-
-    def request(self, message: dict[str, Any], timeout: float) -> list[Any]:
-        """Every child's answer to `message`.
-
-        Raises:
-            ChildError: a child failed or was too slow (the group is then
-                stopped for good), or answered with an error.
-        """
-        if self.dead is not None:
-            raise ChildError(f"{self.name} was stopped earlier: {self.dead}")
-        try:
-            for child in self.children:
-                child.send(message)
-            answers = [child.receive(timeout) for child in self.children]
-        except ChildError as e:
-            self.dead = _measure.first_line(str(e), 200)
-            self.stop()
-            raise
-        errors = [a["error"] for a in answers if a.get("error")]
-        if errors:
-            raise ChildError(errors[0])
-        return answers
-
-    def stop(self) -> None:
-        for child in self.children:
-            child.stop()
-
-
-def units(num_candidates: int, rounds: int) -> int:
-    """Progress units one workload reports (with the fixed entries)."""
-    return (num_candidates + len(_FIXED)) * (
-        1 + rounds
-    ) + MAX_FINALISTS * rounds
 
 
 def _argv(role: str) -> list[str]:
-    return processes.module_argv("benchmarks.multi_worker", f"--role={role}")
+    return processes.module_argv("benchmarks.multi_worker", role)
 
 
 @contextlib.contextmanager
 def _processes(p: int, setup: dict[str, Any], timeout: float) -> Iterator[Any]:
     """(our client, the MWMS processes), set up; stopped on leaving."""
     with processes.worker_cluster(p) as cluster_spec:
-        client = _Group(
+        client = processes.ChildGroup(
             "our client", [processes.Child("client", _argv("client"))]
         )
-        mwms = _Group(
+        mwms = processes.ChildGroup(
             "MWMS",
             [
                 processes.Child(f"MWMS task {task}", _argv("mwms"), env)
@@ -118,7 +76,6 @@ def run(
     config: Any,
     quick: bool,
     timeout_seconds: float = 300.0,
-    advance: Callable[[int], object] = lambda n: None,
     describe: Callable[[str], object] = lambda s: None,
     candidate_filter: Callable[[list[Any]], list[Any]] = lambda c: c,
 ) -> list[records.Group]:
@@ -144,7 +101,6 @@ def run(
                     candidates_lib.multi_worker_candidates(w, quick)
                 ),
                 timeout_seconds,
-                advance,
                 describe,
             )
             for w in workloads
@@ -154,12 +110,11 @@ def run(
 def _run_workload(
     workload: workloads_lib.Workload,
     p: int,
-    client: _Group,
-    mwms: _Group,
+    client: processes.ChildGroup,
+    mwms: processes.ChildGroup,
     config: Any,
     candidates: list[candidates_lib.Candidate],
     timeout: float,
-    advance: Callable[[int], object],
     describe: Callable[[str], object],
 ) -> records.Group:
     label = f"{workload.name} x{p} workers"
@@ -183,7 +138,6 @@ def _run_workload(
     opened: list[roofline.TcpLoopback] = []
     prepared: dict[str, _measure.Prepared] = {}
     timers: dict[str, _measure.TimeFn] = {}
-    reps: dict[str, int] = {}
     for name, family, _, c in entries:
         describe(f"{label}: {name}")
         verifies = family != "baseline"
@@ -194,7 +148,7 @@ def _run_workload(
                 lambda: _tcp_entry(workload.num_bytes, opened), config.warmup
             )
             if call is not None:
-                timers[name] = lambda n, call=call: _measure.time_calls(call, n)
+                timers[name] = _measure.timer(call)
         elif loaded[group.name] is not None:
             failed = False if verifies else None
             prepared[name] = _measure.Prepared(failed, loaded[group.name], 0, 0)
@@ -202,65 +156,24 @@ def _run_workload(
             prepared[name] = _prepare_remote(group, name, c, verifies, timeout)
             if prepared[name].error is None:
                 timers[name] = _remote_timer(group, name, timeout)
-        if name in timers:
-            reps[name] = _measure.reps_for(
-                prepared[name].seconds_per_call,
-                config.target_seconds,
-                config.max_reps,
-            )
-        advance(1)
     describe(f"{label}: timing {len(timers)} entries")
     factor = roofline.ring_bytes_per_worker(1, p)
-
-    def ring(seconds: float) -> float:
-        return seconds * factor
-
     try:
-        samples, errors = _measure.interleaved_rounds(
-            timers, reps, config.rounds, config.seed, lambda _: advance(1)
+        record = records.timed_group(
+            records.Group.of(
+                "multi_worker",
+                workload,
+                p,
+                note="rooflines time a one-way copy of the workload's bytes; "
+                "roofline time = that * 2(p-1)/p, a ring's bytes per worker",
+            ),
+            [e[:3] for e in entries],
+            prepared,
+            timers,
+            config,
+            targets.REFERENCES,
+            roofline_time=lambda seconds: seconds * factor,
         )
-        advance((len(entries) - len(timers)) * config.rounds)
-        record = records.Group.of(
-            "multi_worker",
-            workload,
-            p,
-            note="rooflines time a one-way copy of the workload's bytes; "
-            "roofline time = that * 2(p-1)/p, a ring's bytes per worker",
-        )
-        records.add_results(
-            record,
-            [
-                records.Result(
-                    name,
-                    family,
-                    baseline,
-                    _measure.Timing.of(
-                        name,
-                        prepared[name],
-                        reps.get(name, 0),
-                        samples.get(name, []),
-                        errors.get(name),
-                    ),
-                )
-                for name, family, baseline, _ in entries
-            ],
-            roofline_time=ring,
-        )
-        names = [
-            n
-            for n in records.finalists(record, targets.REFERENCES)
-            if n in samples
-        ][:MAX_FINALISTS]
-        describe(f"{label}: confirming {len(names)}")
-        confirm, _ = _measure.interleaved_rounds(
-            {n: timers[n] for n in names},
-            reps,
-            config.rounds,
-            config.seed + 1,
-            lambda _: advance(1),
-        )
-        advance((MAX_FINALISTS - len(names)) * config.rounds)
-        records.add_confirmation(record, confirm, roofline_time=ring)
     finally:
         for loopback in opened:
             loopback.close()
@@ -271,7 +184,7 @@ def _run_workload(
 
 
 def _prepare_remote(
-    group: _Group,
+    group: processes.ChildGroup,
     name: str,
     candidate: candidates_lib.Candidate | None,
     verifies: bool,
@@ -298,7 +211,9 @@ def _prepare_remote(
     return _measure.Prepared(True if verifies else None, None, per_call, build)
 
 
-def _remote_timer(group: _Group, name: str, timeout: float) -> _measure.TimeFn:
+def _remote_timer(
+    group: processes.ChildGroup, name: str, timeout: float
+) -> _measure.TimeFn:
     def time_remote(reps: int) -> float:
         message = {"cmd": "time", "name": name, "reps": reps}
         # Collectives finish together; the slowest worker is the step time.
@@ -465,23 +380,13 @@ class _MwmsSession(_Session):
 
 
 def _child_main(argv: list[str]) -> int:
-    args, setup = processes.start(
-        argv,
-        __doc__,
-        lambda parser: parser.add_argument(
-            "--role", choices=("client", "mwms"), required=True
-        ),
-    )
+    role, setup = argv[0], processes.child_start(argv)
     if setup is None:
         return 0
     try:
-        session = (_ClientSession if args.role == "client" else _MwmsSession)(
-            setup
-        )
+        session = (_ClientSession if role == "client" else _MwmsSession)(setup)
     except Exception as e:  # noqa: BLE001 - sent to the parent.
-        processes.reply(
-            {"error": f"{args.role} setup: {type(e).__name__}: {e}"}
-        )
+        processes.reply({"error": f"{role} setup: {type(e).__name__}: {e}"})
         return 1
     processes.reply({"ready": True})
     for command in processes.commands():

@@ -21,7 +21,6 @@ dies; `Child.stop` kills its process group.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -33,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import IO, Any
 
 MARK = "@@benchmarks "
@@ -84,11 +83,7 @@ class Child:
         self._lines.put(None)
 
     def send(self, message: dict[str, Any]) -> None:
-        """Writes one command line.
-
-        Raises:
-            ChildError: the child is gone.
-        """
+        """Writes one command line (ChildError: the child is gone)."""
         assert self.process.stdin is not None
         try:
             self.process.stdin.write(json.dumps(message) + "\n")
@@ -102,15 +97,14 @@ class Child:
         """The child's next answer.
 
         Raises:
-            ChildError: nothing came within `timeout` seconds, or the child
-                exited (the message has its exit status and stderr tail).
+            ChildError: none within `timeout` seconds, or the child exited
+                (with its exit status and the tail of its stderr).
         """
         try:
             message = self._lines.get(timeout=timeout)
         except queue.Empty:
-            raise ChildError(
-                f"{self.name}: no answer within {timeout:.0f} s"
-            ) from None
+            error = f"{self.name}: no answer within {timeout:.0f} s"
+            raise ChildError(error) from None
         if message is None:
             self.process.wait()
             code = self.process.returncode
@@ -144,6 +138,40 @@ class Child:
         self._stderr.close()
 
 
+class ChildGroup:
+    """Children that get every command and answer it once each."""
+
+    def __init__(self, name: str, children: list[Child]):
+        self.name, self.children = name, children
+        self.dead: str | None = None
+
+    def request(self, message: dict[str, Any], timeout: float) -> list[Any]:
+        """Every child's answer to `message`.
+
+        Raises:
+            ChildError: a child failed or was too slow (the group is then
+                stopped for good), or answered with an error.
+        """
+        if self.dead is not None:
+            raise ChildError(f"{self.name} was stopped earlier: {self.dead}")
+        try:
+            for child in self.children:
+                child.send(message)
+            answers = [child.receive(timeout) for child in self.children]
+        except ChildError as e:
+            self.dead = str(e).splitlines()[0][:200]
+            self.stop()
+            raise
+        errors = [a["error"] for a in answers if a.get("error")]
+        if errors:
+            raise ChildError(errors[0])
+        return answers
+
+    def stop(self) -> None:
+        for child in self.children:
+            child.stop()
+
+
 def _signal_group(process: subprocess.Popen[str], sig: int) -> None:
     # Only while unreaped: then the pid still names our process group.
     if process.returncode is None:
@@ -164,41 +192,26 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
 
 def module_argv(module: str, *args: str) -> list[str]:
     """`python -m module args... --parent_pid=<this process>`."""
-    return [
-        sys.executable,
-        "-m",
-        module,
-        *args,
-        f"--parent_pid={os.getpid()}",
-    ]
+    return [sys.executable, "-m", module, *args, f"--parent_pid={os.getpid()}"]
 
 
-# ---- The child's side ------------------------------------------------------
+# ---- The child's side --------------------------------------------------
 
 
-def start(
-    argv: list[str],
-    description: str | None,
-    add_arguments: Callable[[argparse.ArgumentParser], Any] = lambda p: None,
-) -> tuple[argparse.Namespace, dict[str, Any] | None]:
-    """The child's start: its flags, a watch on its parent, the first command.
+def child_start(argv: list[str]) -> dict[str, Any] | None:
+    """In a child: watch the parent (`argv[-1]`), return the first command.
 
-    Args:
-        argv: the child's arguments (without the program name).
-        description: for `--help`.
-        add_arguments: adds the child's own flags; `--parent_pid` (see
-            `module_argv`) is always there.
-
-    Returns:
-        (the parsed flags, the parent's first command, or None when the
-        parent closed stdin without sending one).
+    Exits as soon as the parent is gone; None when stdin closes first.
     """
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--parent_pid", type=int, required=True)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    exit_when_parent_goes(args.parent_pid)
-    return args, next(commands(), None)
+    parent = int(argv[-1].removeprefix("--parent_pid="))
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return next(commands(), None)
 
 
 def reply(message: dict[str, Any]) -> None:
@@ -207,23 +220,9 @@ def reply(message: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def exit_when_parent_goes(parent_pid: int) -> None:
-    """Ends this process as soon as its parent is no longer `parent_pid`."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def commands() -> Iterator[dict[str, Any]]:
     """The parent's commands, until end of input."""
-    while True:
-        line = sys.stdin.readline()
-        if not line:
-            return
+    for line in sys.stdin:
         if line.strip():
             yield json.loads(line)
 

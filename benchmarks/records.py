@@ -198,30 +198,89 @@ def add_results(
         scale = roofline_time if r.family == "roofline" else None
         r.time_seconds = _net(r.timing.median_seconds, base, scale)
 
-    def best(family: str) -> Result | None:
+    def best(family: str) -> tuple[str | None, float | None]:
         timed = [
-            r
+            (r.time_seconds, r.name)
             for r in group.results
             if r.family == family and r.ok and r.time_seconds is not None
         ]
-        return min(timed, key=lambda r: r.time_seconds or 0) if timed else None
+        seconds, name = min(timed) if timed else (None, None)
+        return name, seconds
 
-    roof, tf_best, ours = best("roofline"), best("tf"), best("ours")
-    for attr, r in (
-        ("roofline", roof),
-        ("tf_best", tf_best),
-        ("ours_best", ours),
-    ):
-        setattr(group, attr, r.name if r else None)
-        setattr(group, f"{attr}_seconds", r.time_seconds if r else None)
+    group.roofline, group.roofline_seconds = best("roofline")
+    group.tf_best, group.tf_best_seconds = best("tf")
+    group.ours_best, group.ours_best_seconds = best("ours")
+    roof, tf_best = group.roofline_seconds, group.tf_best_seconds
     bus = 2 * (group.num_replicas - 1) / group.num_replicas
     for r in group.results:
         t = r.time_seconds
         if t:
             r.algbw_gbps = group.size_bytes / t / 1e9
             r.busbw_gbps = r.algbw_gbps * bus
-            r.roofline_fraction = roof.time_seconds / t if roof else None
-            r.ratio_to_tf_best = tf_best.time_seconds / t if tf_best else None
+            r.roofline_fraction = roof / t if roof else None
+            r.ratio_to_tf_best = tf_best / t if tf_best else None
+
+
+MAX_FINALISTS = 8  # best of each family, a bound, references, baselines
+
+
+def timed_group(
+    group: Group,
+    entries: Sequence[tuple[str, str, str | None]],
+    prepared: dict[str, _measure.Prepared],
+    timers: dict[str, _measure.TimeFn],
+    config: Any,
+    references: Sequence[str] = (),
+    roofline_time: Callable[[float], float] | None = None,
+) -> Group:
+    """Times the prepared entries in rounds, then the finalists again.
+
+    Args:
+        group: the group to fill.
+        entries: (name, family, baseline) of every entry.
+        prepared: each entry's `_measure.prepare` outcome.
+        timers: the entries that can be timed.
+        config: rounds, target_seconds, max_reps, seed.
+        references: entries the targets compare with (re-timed too).
+        roofline_time: see `add_results`.
+    """
+    reps = {
+        n: _measure.reps_for(
+            prepared[n].seconds_per_call, config.target_seconds, config.max_reps
+        )
+        for n in timers
+    }
+    samples, errors = _measure.interleaved_rounds(
+        timers, reps, config.rounds, config.seed
+    )
+    add_results(
+        group,
+        [
+            Result(
+                name,
+                family,
+                baseline,
+                _measure.Timing.of(
+                    name,
+                    prepared[name],
+                    reps.get(name, 0),
+                    samples.get(name, []),
+                    errors.get(name),
+                ),
+            )
+            for name, family, baseline in entries
+        ],
+        roofline_time,
+    )
+    names = [n for n in finalists(group, references) if n in samples]
+    confirm, _ = _measure.interleaved_rounds(
+        {n: timers[n] for n in names[:MAX_FINALISTS]},
+        reps,
+        config.rounds,
+        config.seed + 1,
+    )
+    add_confirmation(group, confirm, roofline_time)
+    return group
 
 
 def finalists(group: Group, also: Sequence[str] = ()) -> list[str]:

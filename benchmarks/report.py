@@ -68,7 +68,8 @@ def _is_sweep(group: Group) -> bool:
 
 def _row(g: Group, r: Result) -> str:
     t = r.timing
-    iqr = t.q75_seconds - t.q25_seconds if t.q25_seconds is not None else None
+    q25, q75 = t.q25_seconds, t.q75_seconds
+    iqr = q75 - q25 if q25 is not None and q75 is not None else None
     time = "FAILED" if not r.ok else _ms(r.time_seconds)
     if r.ok and r.time_seconds is None:
         time = "<noise"

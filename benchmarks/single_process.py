@@ -12,6 +12,7 @@ process (`run_in_child`), so its memory and any crash stay there.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,7 +40,6 @@ _FIXED = (
     (ROOFLINE_NUMPY, "roofline", None),
     (ROOFLINE_NUMPY_PER_CORE, "roofline", None),
 )
-MAX_FINALISTS = 8  # best of each family, a bound, references, baselines
 Built = tuple[Callable[[], Any], Callable[[], "str | None"]]
 
 
@@ -64,18 +64,11 @@ def estimated_peak_bytes(workload: workloads_lib.Workload, n: int) -> int:
     return int(0.6e9 + 5 * n * workload.num_bytes)
 
 
-def units(num_candidates: int, rounds: int, num_tensors: int = 1) -> int:
-    """Progress units `run` reports: per entry one build and one per round."""
-    fixed = len(_FIXED) + (num_tensors > 1)
-    return (num_candidates + fixed) * (1 + rounds) + MAX_FINALISTS * rounds
-
-
 def run(
     workload: workloads_lib.Workload,
     num_devices: int,
     candidates: Sequence[candidates_lib.Candidate],
     config: Config,
-    advance: Callable[[int], object] = lambda n: None,
     describe: Callable[[str], object] = lambda s: None,
 ) -> records.Group:
     """Verifies and times `candidates` on `num_devices` logical CPU devices.
@@ -88,66 +81,33 @@ def run(
     """
     devices = testing.cpu_devices(num_devices)
     inputs = _measure.Inputs(workload.gradients, devices, config.seed)
+    entries: list[tuple[str, str, str | None, Any]]
     entries = [(n, f, b, None) for n, f, b in _FIXED]
     if workload.num_tensors > 1:
         entries.append((PACK_UNPACK_BOUND, "bound", INPUTS_BASELINE, None))
     entries += [(c.name, c.family, INPUTS_BASELINE, c) for c in candidates]
     closers: list[Callable[[], None]] = []
-    prepared, timers, reps = {}, {}, {}
+    prepared, timers = {}, {}
     for name, family, _, candidate in entries:
         describe(f"{workload.name} x{num_devices}: {name}")
         prepared[name], call = _measure.prepare(
-            lambda name=name, c=candidate: _build(
-                name, c, inputs, config.cores, closers
+            functools.partial(
+                _build, name, candidate, inputs, config.cores, closers
             ),
             config.warmup,
             verifies=family != "baseline",
         )
         if call is not None:
-            timers[name] = lambda n, call=call: _measure.time_calls(call, n)
-            reps[name] = _measure.reps_for(
-                prepared[name].seconds_per_call,
-                config.target_seconds,
-                config.max_reps,
-            )
-        advance(1)
+            timers[name] = _measure.timer(call)
     describe(f"{workload.name} x{num_devices}: timing {len(timers)} entries")
-    samples, errors = _measure.interleaved_rounds(
-        timers, reps, config.rounds, config.seed, lambda _: advance(1)
+    group = records.timed_group(
+        records.Group.of("single_process", workload, num_devices),
+        [e[:3] for e in entries],
+        prepared,
+        timers,
+        config,
+        targets.REFERENCES,
     )
-    advance((len(entries) - len(timers)) * config.rounds)
-    group = records.Group.of("single_process", workload, num_devices)
-    records.add_results(
-        group,
-        [
-            records.Result(
-                name,
-                family,
-                baseline,
-                _measure.Timing.of(
-                    name,
-                    prepared[name],
-                    reps.get(name, 0),
-                    samples.get(name, []),
-                    errors.get(name),
-                ),
-            )
-            for name, family, baseline, _ in entries
-        ],
-    )
-    names = [
-        n for n in records.finalists(group, targets.REFERENCES) if n in samples
-    ][:MAX_FINALISTS]
-    describe(f"{workload.name} x{num_devices}: confirming {len(names)}")
-    confirm, _ = _measure.interleaved_rounds(
-        {n: timers[n] for n in names},
-        reps,
-        config.rounds,
-        config.seed + 1,
-        lambda _: advance(1),
-    )
-    advance((MAX_FINALISTS - len(names)) * config.rounds)
-    records.add_confirmation(group, confirm)
     for close in closers:
         close()
     return group
@@ -239,14 +199,13 @@ def run_in_child(
     num_devices: int,
     candidates: Sequence[candidates_lib.Candidate],
     config: Config,
-    advance: Callable[[int], object] = lambda n: None,
     describe: Callable[[str], object] = lambda s: None,
     timeout_seconds: float = 900.0,
 ) -> records.Group:
     """`run` in a fresh process with `num_devices` logical CPU devices.
 
-    `timeout_seconds` bounds the child's silence (it reports progress after
-    every entry and measurement).
+    `timeout_seconds` bounds the child's silence (it reports after every
+    entry it builds, and after the rounds).
 
     Raises:
         processes.ChildError: the child died, failed or went silent.
@@ -267,9 +226,7 @@ def run_in_child(
         )
         while True:
             message = child.receive(timeout_seconds)
-            if "advance" in message:
-                advance(message["advance"])
-            elif "describe" in message:
+            if "describe" in message:
                 describe(message["describe"])
             elif "group" in message:
                 return records.Group.from_dict(message["group"])
@@ -291,7 +248,7 @@ def _peak_rss_bytes() -> int | None:
 
 
 def _child_main(argv: list[str]) -> int:
-    _, job = processes.start(argv, run_in_child.__doc__)
+    job = processes.child_start(argv)
     if job is None:
         return 0
     try:
@@ -304,7 +261,6 @@ def _child_main(argv: list[str]) -> int:
             job["num_devices"],
             [candidates_lib.Candidate(**c) for c in job["candidates"]],
             Config(**job["config"]),
-            advance=lambda n: processes.reply({"advance": n}),
             describe=lambda text: processes.reply({"describe": text}),
         )
     except Exception as e:  # noqa: BLE001 - sent to the parent.

@@ -186,13 +186,8 @@ def main(argv: list[str]) -> int:
     import tqdm  # type: ignore[import-untyped]
 
     from benchmarks import candidates as candidates_lib
-    from benchmarks import (
-        multi_worker,
-        records,
-        report,
-        single_process,
-        targets,
-    )
+    from benchmarks import groups as groups_lib
+    from benchmarks import records, report, targets
 
     started = time.time()
     meta: dict[str, Any] = {
@@ -200,12 +195,13 @@ def main(argv: list[str]) -> int:
         "machine": _machine(),
         "quick": FLAGS.quick,
     }
-    config = single_process.Config(
+    config = groups_lib.Config(
         rounds=FLAGS.rounds,
         target_seconds=FLAGS.target_seconds,
         max_reps=FLAGS.max_reps,
         seed=FLAGS.seed,
         cores=os.cpu_count() or 1,
+        timeout_seconds=FLAGS.timeout_seconds,
     )
     plan = [
         (w, n, candidates_lib.single_process_candidates(w, FLAGS.quick))
@@ -222,6 +218,9 @@ def main(argv: list[str]) -> int:
 
     def keep(group: list[Any]) -> list[Any]:
         return candidates_lib.select(group, FLAGS.candidates)
+
+    def candidates_of(w: Any) -> list[Any]:
+        return keep(candidates_lib.multi_worker_candidates(w, FLAGS.quick))
 
     output = pathlib.Path(FLAGS.output_dir)
     output.mkdir(parents=True, exist_ok=True)
@@ -242,7 +241,7 @@ def main(argv: list[str]) -> int:
             bar.set_postfix_str(text[:70], refresh=True)
 
         for w, n, candidates in plan:
-            need = single_process.estimated_peak_bytes(w, n) / 2**30
+            need = groups_lib.estimated_peak_bytes(w, n) / 2**30
             if need > FLAGS.max_memory_gib:
                 skipped = f"needs about {need:.1f} GiB (over --max_memory_gib)"
                 group = records.Group.of(
@@ -250,13 +249,8 @@ def main(argv: list[str]) -> int:
                 )
             else:
                 try:
-                    group = single_process.run_in_child(
-                        w,
-                        n,
-                        keep(candidates),
-                        config,
-                        describe,
-                        FLAGS.timeout_seconds,
+                    group = groups_lib.single_process(
+                        w, n, keep(candidates), config, describe
                     )
                 except Exception as e:  # noqa: BLE001 - in the table.
                     error = f"{type(e).__name__}: {e}"
@@ -268,14 +262,8 @@ def main(argv: list[str]) -> int:
             save_partial()
         for p in workers:
             try:
-                groups += multi_worker.run(
-                    across,
-                    p,
-                    config,
-                    FLAGS.quick,
-                    FLAGS.timeout_seconds,
-                    describe,
-                    keep,
+                groups += groups_lib.multi_worker(
+                    across, p, config, candidates_of, describe
                 )
             except Exception as e:  # noqa: BLE001 - in the table.
                 error = f"{type(e).__name__}: {e}"

@@ -1,18 +1,14 @@
 """Every process the benchmark starts, and the ports it picks.
 
-All Popen, signals and ports of the study live here (one module, so that it
-can move onto the package's process layer in one step). The benchmark runs
-each single-process group in a fresh process (its memory high-water mark
-and any crash stay there), the multi-worker sides in processes of their own,
-and a plain TCP receiver for the loopback roofline. A parent writes
-commands to a child's stdin, one JSON object per line; the child answers on
-stdout with lines starting with `MARK` (anything else, TensorFlow's chatter
-included, is ignored). A child exits at end of input or when its parent
-dies; `Child.stop` kills its process group.
+All Popen, signals and ports of the study live here, so that it can move
+onto the package's process layer in one step. A parent writes commands to a
+child's stdin, one JSON object per line; the child answers on stdout with
+lines starting with `MARK` (anything else, TensorFlow's chatter included,
+is ignored). A child exits at end of input or when its parent dies;
+`Child.stop` kills its process group.
 
->>> child = Child("echo", [sys.executable, "-c",
-...     "import sys; print(sys.argv[1] + sys.stdin.readline(), flush=True)",
-...     MARK], child_env({}))
+>>> child = Child("echo", ["-c", "import sys; print(sys.argv[1] + "
+...               "sys.stdin.readline(), flush=True)", MARK])
 >>> child.send({"hello": 1})
 >>> child.receive(timeout=60)
 {'hello': 1}
@@ -21,6 +17,7 @@ dies; `Child.stop` kills its process group.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -29,18 +26,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 MARK = "@@benchmarks "
-_STOP_GRACE_SECONDS = 5.0
-_STDERR_TAIL_CHARS = 3000
-# The directory holding the `tf_crossdevice` package, so that children can
-# import it even when it is not installed.
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The checkout's root: children import `benchmarks` and `tf_crossdevice`
+# from it, installed or not.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class ChildError(RuntimeError):
@@ -48,32 +42,42 @@ class ChildError(RuntimeError):
 
 
 class Child:
-    """One child process speaking the JSON-lines protocol.
+    """`python ARGS` in its own process group, speaking JSON lines.
 
     Args:
         name: names the child in errors.
-        argv: its command line.
-        env: its environment (default: `child_env({})`).
+        args: the interpreter's arguments (`-m module ...`, `-c code ...`).
+        env: more environment variables (the child gets this process's,
+            quieter, with the checkout on PYTHONPATH).
     """
 
     def __init__(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None
+        self, name: str, args: list[str], env: dict[str, str] | None = None
     ):
         self.name = name
-        # Read with os.pread on failure; nothing stays on disk.
-        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        environ = dict(os.environ, **(env or {}))
+        environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        path = (_ROOT, environ.get("PYTHONPATH"))
+        environ["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+        if "TF_CONFIG" in (env or {}):  # a server: its port its own
+            environ.pop("TF_GRPC_REUSE_PORT", None)
+        else:
+            environ.pop("TF_CONFIG", None)
         self.process = subprocess.Popen(
-            argv,
+            [sys.executable, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=child_env({}) if env is None else env,
+            stderr=subprocess.PIPE,
+            env=environ,
             text=True,
-            bufsize=1,
-            start_new_session=True,  # Its own process group, to kill.
+            start_new_session=True,  # its own process group, to kill
         )
         self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=30)
         threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(
+            target=self._stderr.extend, args=(self.process.stderr,), daemon=True
+        ).start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -82,6 +86,9 @@ class Child:
                 self._lines.put(json.loads(line[len(MARK) :]))
         self._lines.put(None)
 
+    def _tail(self) -> str:
+        return "stderr tail:\n" + ("".join(self._stderr).strip() or "<empty>")
+
     def send(self, message: dict[str, Any]) -> None:
         """Writes one command line (ChildError: the child is gone)."""
         assert self.process.stdin is not None
@@ -89,9 +96,8 @@ class Child:
             self.process.stdin.write(json.dumps(message) + "\n")
             self.process.stdin.flush()
         except OSError as e:
-            raise ChildError(
-                f"{self.name}: cannot send: {e}; {self.stderr_tail()}"
-            ) from e
+            error = f"{self.name}: cannot send: {e}; {self._tail()}"
+            raise ChildError(error) from e
 
     def receive(self, timeout: float) -> dict[str, Any]:
         """The child's next answer.
@@ -106,36 +112,24 @@ class Child:
             error = f"{self.name}: no answer within {timeout:.0f} s"
             raise ChildError(error) from None
         if message is None:
-            self.process.wait()
-            code = self.process.returncode
-            how = (
-                f"was killed by {signal.Signals(-code).name}"
-                if code < 0
-                else f"exited with code {code}"
-            )
-            raise ChildError(f"{self.name} {how}; {self.stderr_tail()}")
+            code = self.process.wait()
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else ""
+            how = how or f"exited with code {code}"
+            raise ChildError(f"{self.name} {how}; {self._tail()}")
         return message
 
-    def stderr_tail(self) -> str:
-        if self._stderr.closed:
-            return "stderr closed"
-        fd = self._stderr.fileno()
-        size = os.fstat(fd).st_size
-        start = max(0, size - _STDERR_TAIL_CHARS)
-        text = os.pread(fd, size - start, start).decode(errors="replace")
-        return "stderr tail:\n" + (text.strip() or "<empty>")
-
     def stop(self) -> None:
-        """EOF on stdin, SIGTERM, grace period, SIGKILL, reap."""
+        """EOF on stdin, SIGTERM, 5 s, SIGKILL, reap."""
         with contextlib.suppress(OSError):
             if self.process.stdin is not None:
                 self.process.stdin.close()
-        _signal_group(self.process, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=_STOP_GRACE_SECONDS)
-        _signal_group(self.process, signal.SIGKILL)
-        self.process.wait()
-        self._stderr.close()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            # Only while unreaped: then the pid still names our group.
+            if self.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
 
 
 class ChildGroup:
@@ -172,37 +166,24 @@ class ChildGroup:
             child.stop()
 
 
-def _signal_group(process: subprocess.Popen[str], sig: int) -> None:
-    # Only while unreaped: then the pid still names our process group.
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-
-
-def child_env(extra: dict[str, str]) -> dict[str, str]:
-    """This process's environment, quieter, with the package importable."""
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p
-    )
-    env.update(extra)
-    return env
-
-
-def module_argv(module: str, *args: str) -> list[str]:
+def python_module(name: str, module: str, *args: str, **env: str) -> Child:
     """`python -m module args... --parent_pid=<this process>`."""
-    return [sys.executable, "-m", module, *args, f"--parent_pid={os.getpid()}"]
+    argv = ["-m", module, *args, f"--parent_pid={os.getpid()}"]
+    return Child(name, argv, env)
 
 
-# ---- The child's side --------------------------------------------------
+# ---- The child's side ----------------------------------------------------
 
 
-def child_start(argv: list[str]) -> dict[str, Any] | None:
-    """In a child: watch the parent (`argv[-1]`), return the first command.
+def serve(argv: list[str], roles: dict[str, Callable[[Any], Any]]) -> int:
+    """A child's main: `roles[argv[0]](setup)` answers each command.
 
-    Exits as soon as the parent is gone; None when stdin closes first.
+    Exits as soon as the parent (`--parent_pid`, last) is gone. The parent's
+    first line is the setup; the session's `handle` answers every later
+    one (an exception becomes an {"error": ...} answer).
     """
+    from tf_crossdevice import _measure
+
     parent = int(argv[-1].removeprefix("--parent_pid="))
 
     def watch() -> None:
@@ -211,7 +192,25 @@ def child_start(argv: list[str]) -> dict[str, Any] | None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
-    return next(commands(), None)
+    commands = (json.loads(line) for line in sys.stdin if line.strip())
+    setup = next(commands, None)
+    if setup is None:
+        return 0
+    try:
+        session = roles[argv[0]](setup)
+    except Exception as e:  # noqa: BLE001 - sent to the parent.
+        reply({"error": f"{argv[0]} setup: {type(e).__name__}: {e}"})
+        return 1
+    reply({"ready": True})
+    for command in commands:
+        try:
+            answer = session.handle(command)
+        except Exception as e:  # noqa: BLE001 - sent to the parent.
+            answer = {
+                "error": f"{type(e).__name__}: {_measure.first_line(str(e))}"
+            }
+        reply(answer)
+    return 0
 
 
 def reply(message: dict[str, Any]) -> None:
@@ -220,11 +219,7 @@ def reply(message: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def commands() -> Iterator[dict[str, Any]]:
-    """The parent's commands, until end of input."""
-    for line in sys.stdin:
-        if line.strip():
-            yield json.loads(line)
+# ---- Ports, servers -------------------------------------------------------
 
 
 def free_ports(n: int) -> list[int]:
@@ -233,16 +228,11 @@ def free_ports(n: int) -> list[int]:
     >>> len(set(free_ports(3)))
     3
     """
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(s)  # Held until all are picked: distinct.
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:  # all held until all are picked: distinct
             s.bind(("127.0.0.1", 0))
         return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 # Reads `size` bytes per round and answers each round with one byte; no
@@ -263,21 +253,18 @@ with socket.create_connection(("127.0.0.1", port)) as s:
 """
 
 
-def start_tcp_sink(
-    num_bytes: int, timeout: float = 60.0
-) -> tuple[Child, socket.socket]:
+def start_tcp_sink(num_bytes: int) -> tuple[Child, socket.socket]:
     """A receiver process for `num_bytes` rounds, and the socket to it."""
     with socket.create_server(("127.0.0.1", 0)) as server:
-        server.settimeout(timeout)
+        server.settimeout(60)
         port = str(server.getsockname()[1])
-        argv = [sys.executable, "-c", _TCP_SINK, port, str(num_bytes)]
-        child = Child("TCP sink", argv, child_env({}))
+        child = Child("TCP sink", ["-c", _TCP_SINK, port, str(num_bytes)])
         try:
             connection, _ = server.accept()
         except BaseException:
             child.stop()
             raise
-    connection.settimeout(timeout)
+    connection.settimeout(60)
     connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return child, connection
 
@@ -292,15 +279,16 @@ def worker_cluster(num_workers: int) -> Iterator[dict[str, Any]]:
 
 
 def tf_config_envs(num_workers: int) -> list[dict[str, str]]:
-    """Each task's environment for a TF_CONFIG cluster on free ports."""
+    """Each task's TF_CONFIG for a cluster on free ports."""
     addresses = [f"127.0.0.1:{p}" for p in free_ports(num_workers)]
-    envs = []
-    for task in range(num_workers):
-        tf_config = {
-            "cluster": {"worker": addresses},
-            "task": {"type": "worker", "index": task},
+    return [
+        {
+            "TF_CONFIG": json.dumps(
+                {
+                    "cluster": {"worker": addresses},
+                    "task": {"type": "worker", "index": task},
+                }
+            )
         }
-        env = child_env({"TF_CONFIG": json.dumps(tf_config)})
-        env.pop("TF_GRPC_REUSE_PORT", None)
-        envs.append(env)
-    return envs
+        for task in range(num_workers)
+    ]

@@ -209,8 +209,8 @@ def markdown_summary(run: Run) -> str:
 def write_plot(path: pathlib.Path, groups: Sequence[Group]) -> None:
     """Time against size: one panel per setting, one line per candidate.
 
-    Sweep points are joined by lines; the tensor sets are single markers at
-    their total size, labelled at their roofline (black).
+    Sweep points are joined by lines (TF's dashed, the roofline dotted and
+    black); the tensor sets are single markers at their total size.
     """
     import matplotlib
 
@@ -221,69 +221,45 @@ def write_plot(path: pathlib.Path, groups: Sequence[Group]) -> None:
     for g in groups:
         panels.setdefault((g.setting, g.num_replicas), []).append(g)
     keys = sorted(panels, key=lambda k: (k[0] != "single_process", k[1]))
+    if not keys:
+        return
     fig, axes = plt.subplots(
-        len(keys), 1, figsize=(13, 5.5 * max(len(keys), 1)), squeeze=False
+        len(keys), 1, figsize=(13, 5.5 * len(keys)), squeeze=False
     )
     colors: dict[str, Any] = {"roofline": "black"}
-    for ax, key in zip(axes[:, 0], keys, strict=True):
-        points: dict[tuple[str, bool], list[tuple[int, float]]] = {}
+    for ax, key in zip(axes.flat, keys, strict=True):
+        points: dict[tuple[int, str, bool], list[tuple[int, float]]] = {}
         for g in panels[key]:
-            timed = [
-                (r.name, r.time_seconds)
-                for r in g.results
-                if r.family != "roofline" and r.ok and r.time_seconds
-            ]
-            if g.roofline_seconds is not None:
-                timed.append(("roofline", g.roofline_seconds))
-                if not _is_sweep(g):
-                    ax.annotate(
-                        g.workload,
-                        (g.size_bytes, g.roofline_seconds),
-                        fontsize=8,
-                        xytext=(4, -10),
-                        textcoords="offset points",
+            if g.roofline_seconds and not _is_sweep(g):  # name the sets
+                ax.annotate(g.workload, (g.size_bytes, g.roofline_seconds))
+            timed = [(r.name, r.time_seconds) for r in g.results if r.ok]
+            for name, t in [("roofline", g.roofline_seconds)] + timed:
+                if t and not name.startswith("roofline: "):
+                    order = 0 if name == "roofline" else 1 + (name[:2] != "TF")
+                    point = (g.size_bytes, t)
+                    points.setdefault((order, name, _is_sweep(g)), []).append(
+                        point
                     )
-            for name, seconds in timed:
-                points.setdefault((name, _is_sweep(g)), []).append(
-                    (g.size_bytes, seconds)
-                )
-        labelled = set()
-        for (name, sweep), xy in sorted(points.items(), key=_legend_order):
+        for (order, name, sweep), xy in sorted(points.items()):
             color = colors.setdefault(
                 name, plt.get_cmap("tab20")(len(colors) % 20)
             )
-            xs, ys = zip(*sorted(xy), strict=True)
-            style: dict[str, Any] = {"color": color}
-            if sweep:
-                style["linestyle"] = (
-                    ":"
-                    if name == "roofline"
-                    else "--"
-                    if name[:2] == "TF"
-                    else "-"
-                )
-            else:
-                style |= {
-                    "linestyle": "none",
-                    "marker": "x" if name == "roofline" else "o",
-                }
-            ax.plot(xs, ys, label=None if name in labelled else name, **style)
-            labelled.add(name)
+            style = (":", "--", "-")[order] if sweep else "xoo"[order]
+            ax.plot(
+                *zip(*sorted(xy), strict=True), style, color=color, label=name
+            )
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles, strict=True))
+        ax.legend(unique.values(), unique.keys(), fontsize=7, loc="center left",
+                  bbox_to_anchor=(1.01, 0.5))  # fmt: skip
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("bytes per replica")
-        ax.set_ylabel("time (s), net of the baseline")
-        ax.set_title(targets_lib.scope(panels[key][0]))
+        ax.set(yscale="log", xlabel="bytes per replica",
+               ylabel="time (s), net of the baseline",
+               title=targets_lib.scope(panels[key][0]))  # fmt: skip
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-
-
-def _legend_order(item: Any) -> tuple[int, str]:
-    name = item[0][0]
-    return (0 if name == "roofline" else 1 if name[:2] == "TF" else 2, name)
 
 
 def write_all(output: pathlib.Path, run: Run, sweep_all: bool) -> str:

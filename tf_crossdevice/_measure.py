@@ -349,6 +349,11 @@ def time_calls(fn: Callable[[], object], reps: int) -> float:
     return (time.perf_counter() - start) / reps
 
 
+def timer(call: Callable[[], object]) -> TimeFn:
+    """A function timing n back-to-back calls of `call` (seconds per call)."""
+    return lambda reps: time_calls(call, reps)
+
+
 def reps_for(
     seconds_per_call: float, target_seconds: float, max_reps: int
 ) -> int:
@@ -502,7 +507,7 @@ def measure(
 
         prepared[name], call = prepare(build, warmup, check is not None)
         if call is not None:
-            timers[name] = lambda n, call=call: time_calls(call, n)
+            timers[name] = timer(call)
             reps[name] = reps_for(
                 prepared[name].seconds_per_call, target_seconds, max_reps
             )

@@ -116,6 +116,13 @@ class Group:
             }
         )
 
+    @property
+    def scope(self) -> str:
+        n = self.num_replicas
+        if self.setting == "single_process":
+            return f"single process, {n} logical CPU devices"
+        return f"{n} worker processes (one CPU replica each)"
+
     def time(self, name: str | None) -> float | None:
         """`name`'s net time from the confirmation rounds, else the rounds."""
         if name in self.confirmed:
@@ -157,6 +164,11 @@ class Run:
             [Group.from_dict(g) for g in data["groups"]],
             [Target(**t) for t in data["targets"]],
         )
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing (or b is 0)."""
+    return a / b if a is not None and b else None
 
 
 def entry_of(

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks import targets as targets_lib
-from benchmarks.records import Group, Result, Run
+from benchmarks.records import Group, Result, Run, ratio
 
 _ORDER = {"roofline": 0, "bound": 1, "tf": 2, "ours": 3}
 _HEADER = (
@@ -56,10 +56,6 @@ def _ms(seconds: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "-"
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 def _is_sweep(group: Group) -> bool:
@@ -100,7 +96,7 @@ def _state(g: Group) -> list[str]:
 def group_table(g: Group) -> str:
     """One group: a header naming it, then one row per result."""
     lines = [
-        f"# {targets_lib.scope(g)}: {g.workload} ({g.num_tensors} tensors, "
+        f"# {g.scope}: {g.workload} ({g.num_tensors} tensors, "
         f"{format_size(g.size_bytes)}) - {g.description}",
         f"# roofline {_ms(g.roofline_seconds)} ms ({g.roofline}); TF best "
         f"{_ms(g.tf_best_seconds)} ms ({g.tf_best}); ours best "
@@ -112,8 +108,8 @@ def group_table(g: Group) -> str:
         lines.append(
             f"# confirmed over {g.confirmed_rounds} more rounds: ours best "
             f"{_ms(ours)} ms, TF best {_ms(tf_best)} ms, roofline "
-            f"{_ms(roof)} ms (vs TF {_num(_ratio(tf_best, ours))}, "
-            f"roofline {_num(_ratio(roof, ours))})"
+            f"{_ms(roof)} ms (vs TF {_num(ratio(tf_best, ours))}, "
+            f"roofline {_num(ratio(roof, ours))})"
         )
     if g.note:
         lines.append(f"# {g.note}")
@@ -128,8 +124,7 @@ def group_table(g: Group) -> str:
 def sweep_table(groups: Sequence[Group], show_all: bool) -> str:
     """One setting's size sweep: the best of each family per size (or all)."""
     lines = [
-        f"# {targets_lib.scope(groups[0])}: size sweep, one float32 tensor "
-        "per replica",
+        f"# {groups[0].scope}: size sweep, one float32 tensor per replica",
         _HEADER,
     ]
     for g in sorted(groups, key=lambda g: g.size_bytes):
@@ -198,7 +193,7 @@ def markdown_summary(run: Run) -> str:
         lines.append(
             f"{head} {(g.tf_best or '-').removeprefix('TF ')} {_ms(tf_best)} "
             f"ms | {(g.ours_best or '-').removeprefix('ours ')} {_ms(ours)} ms"
-            f" | {_num(_ratio(tf_best, ours))} | {_num(_ratio(roof, ours))} |"
+            f" | {_num(ratio(tf_best, ours))} | {_num(ratio(roof, ours))} |"
         )
     if run.targets:
         lines += ["", "Targets:", ""]
@@ -255,7 +250,7 @@ def write_plot(path: pathlib.Path, groups: Sequence[Group]) -> None:
         ax.set_xscale("log", base=2)
         ax.set(yscale="log", xlabel="bytes per replica",
                ylabel="time (s), net of the baseline",
-               title=targets_lib.scope(panels[key][0]))  # fmt: skip
+               title=panels[key][0].scope)  # fmt: skip
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from benchmarks.records import Group, Target
+from benchmarks.records import Group, Target, ratio
 
 # (workload, setting) -> [(what ours is compared with, threshold)];
 # "roofline" is a fraction of the roofline, anything else is a reference
@@ -34,19 +34,8 @@ REFERENCES = tuple(
 )
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def _ms(seconds: float | None) -> str:
     return f"{seconds * 1e3:.3f} ms" if seconds is not None else "-"
-
-
-def scope(group: Group) -> str:
-    n = group.num_replicas
-    if group.setting == "single_process":
-        return f"single process, {n} logical CPU devices"
-    return f"{n} worker processes (one CPU replica each)"
 
 
 def evaluate(groups: Sequence[Group]) -> list[Target]:
@@ -68,14 +57,14 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
         for reference, threshold in goals:
             if reference == "roofline":
                 name = "ours best as a fraction of the roofline"
-                measured = _ratio(roof, ours)
+                measured = ratio(roof, ours)
                 bound = f"roofline: {g.roofline}"
             else:
                 other_name = g.tf_best if reference == "tf_best" else reference
                 other = g.time(other_name)
                 label = "TF best" if reference == "tf_best" else reference
                 name = f"ours best vs {label}".replace("TF MWMS", "MWMS")
-                measured = _ratio(other, ours)
+                measured = ratio(other, ours)
                 bound = (
                     f"ours best {_ms(ours)} ({g.ours_best}), {other_name} "
                     f"{_ms(other)}, roofline {_ms(roof)} ({g.roofline})"
@@ -84,7 +73,7 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
                     bound += (
                         f"; packing and unpacking alone take "
                         f"{_ms(pack_unpack)}, so a packing algorithm is at "
-                        f"most {_ratio(other, pack_unpack) or 0:.2f}x faster"
+                        f"most {ratio(other, pack_unpack) or 0:.2f}x faster"
                     )
             met = measured is not None and measured >= threshold
             note = bound if not met or stand_in else ""
@@ -92,7 +81,7 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
                 note = f"measured on a stand-in (smaller) workload; {note}"
             out.append(
                 Target(
-                    f"{g.workload}, {scope(g)}: {name}",
+                    f"{g.workload}, {g.scope}: {name}",
                     measured,
                     threshold,
                     met,

@@ -67,8 +67,11 @@ def _row(g: Group, r: Result) -> str:
     q25, q75 = t.q25_seconds, t.q75_seconds
     iqr = q75 - q25 if q25 is not None and q75 is not None else None
     time = "FAILED" if not r.ok else _ms(r.time_seconds)
-    if r.ok and r.time_seconds is None:
-        time = "<noise"
+    if r.ok and r.time_seconds is None:  # within noise, or no baseline time
+        bases = {b.name: b.timing.median_seconds for b in g.baselines}
+        time = (
+            "no base" if r.baseline and not bases.get(r.baseline) else "<noise"
+        )
     name = r.name
     if r.family == "ours":
         name = "[ours] " + name.removeprefix("ours ")

@@ -58,7 +58,7 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
             if reference == "roofline":
                 name = "ours best as a fraction of the roofline"
                 measured = ratio(roof, ours)
-                bound = f"roofline: {g.roofline}"
+                bound = str(g.roofline)
             else:
                 other_name = g.tf_best if reference == "tf_best" else reference
                 other = g.time(other_name)

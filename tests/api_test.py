@@ -12,7 +12,6 @@ PUBLIC_SUBMODULES = {
     "compat",
     "cluster",
     "multi_worker",
-    "benchmark",
 }
 
 

@@ -8,8 +8,8 @@ the fastest as the roofline.
 
 Across processes: a ring all-reduce moves 2(p-1)/p * S bytes through each
 worker's links. The roofline time is that many bytes at the fastest
-loopback rate measured in the same run (`tcp_loopback_seconds` between two
-plain processes, and TensorFlow's gRPC copy between two workers).
+loopback rate measured in the same run (`TcpLoopback` between two plain
+processes, and TensorFlow's gRPC copy between two workers).
 
 >>> aligned_pieces(100, 3, 16)
 [48, 48, 4]
@@ -21,13 +21,11 @@ plain processes, and TensorFlow's gRPC copy between two workers).
 from __future__ import annotations
 
 import concurrent.futures
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 
 import numpy as np
+
+from benchmarks import processes
 
 
 def aligned_pieces(total: int, pieces: int, align: int) -> list[int]:
@@ -88,50 +86,16 @@ class NumpySum:
             self._pool.shutdown()
 
 
-# A child process that reads `size` bytes per round from the socket and
-# answers each round with one byte; no TensorFlow, no numpy.
-_SINK_PROGRAM = """
-import socket, sys
-port, size = int(sys.argv[1]), int(sys.argv[2])
-with socket.create_connection(("127.0.0.1", port)) as s:
-    buffer = bytearray(1 << 20)
-    view = memoryview(buffer)
-    while True:
-        left = size
-        while left:
-            got = s.recv_into(view[: min(left, len(buffer))])
-            if not got:
-                sys.exit(0)
-            left -= got
-        s.sendall(b"k")
-"""
-
-
 class TcpLoopback:
     """Times sending `num_bytes` over loopback TCP to another process.
 
-    The receiver is a plain Python child process; each call sends the bytes
-    and waits for its one-byte acknowledgement. Use as a context manager (the
-    child exits when the connection closes).
+    The receiver (`processes.start_tcp_sink`) is a plain Python process that
+    answers each `num_bytes` with one byte; each call sends and waits.
     """
 
-    def __init__(self, num_bytes: int, timeout_seconds: float = 60.0):
-        self.num_bytes = num_bytes
+    def __init__(self, num_bytes: int):
         self._payload = memoryview(bytes(max(num_bytes, 1)))[:num_bytes]
-        with socket.create_server(("127.0.0.1", 0)) as server:
-            server.settimeout(timeout_seconds)
-            port = server.getsockname()[1]
-            self._child = subprocess.Popen(
-                [sys.executable, "-c", _SINK_PROGRAM, str(port), str(num_bytes)]
-            )
-            try:
-                self._socket, _ = server.accept()
-            except BaseException:
-                self._child.kill()
-                self._child.wait()
-                raise
-        self._socket.settimeout(timeout_seconds)
-        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sink, self._socket = processes.start_tcp_sink(num_bytes)
 
     def __call__(self) -> None:
         self._socket.sendall(self._payload)
@@ -140,33 +104,7 @@ class TcpLoopback:
 
     def close(self) -> None:
         self._socket.close()
-        try:
-            self._child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._child.kill()
-            self._child.wait()
-
-    def __enter__(self) -> TcpLoopback:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def tcp_loopback_seconds(num_bytes: int, reps: int = 3) -> float:
-    """Median seconds to move `num_bytes` to another process over loopback.
-
-    >>> tcp_loopback_seconds(1 << 16) > 0
-    True
-    """
-    with TcpLoopback(num_bytes) as loopback:
-        loopback()
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            loopback()
-            times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        self._sink.stop()
 
 
 def ring_bytes_per_worker(num_bytes: int, num_workers: int) -> float:

@@ -1,0 +1,300 @@
+"""Command line: `python -m benchmarks [--quick] [flags]` (from a checkout).
+
+Runs the single-process groups (every workload on 2, 4 and 8 logical CPU
+devices, each group in a process of its own), then the multi-worker groups
+(2 and 3 worker processes), prints the table and writes `results.txt`,
+`results.md`, `results.json` and `time_vs_size.png` to `--output_dir`. Exit
+code 0 when every result was verified and timed, 2 when something failed
+(its row says why), 1 on a usage error.
+
+`--quick` (a few minutes on two shared cores) uses stand-ins: the first 24
+ResNet-50 tensors, 32 small tensors, two sweep sizes, 4 devices, 2 workers
+and a few candidates per family. Flags given explicitly win over it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import platform
+import shlex
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+
+FLAGS = flags.FLAGS
+WORKLOADS = ("resnet50", "bert_base", "many_small", "sweep")
+EXTRAS = ("tqdm", "matplotlib")
+# Flag values `--quick` uses unless the flag is given.
+QUICK_DEFAULTS: dict[str, Any] = {
+    "workloads": ["resnet50", "many_small", "sweep"],
+    "devices": ["4"],
+    "workers": ["2"],
+    "multi_worker_workloads": ["resnet50"],
+    "rounds": 5,
+    "target_seconds": 0.02,
+    "resnet50_tensors": 24,
+    "many_small_count": 32,
+    "sweep_max_bytes": 4 << 20,
+    "sweep_step": 1 << 20,
+}
+
+
+def define_flags() -> None:
+    """Defines the command's flags (once per process)."""
+    if "quick" in FLAGS:
+        return
+    flags.DEFINE_bool("quick", False, "A small run: see the docstring.")
+    flags.DEFINE_string("output_dir", "benchmark_results", "Output folder.")
+    flags.DEFINE_list("workloads", list(WORKLOADS), "Single-process sets.")
+    flags.DEFINE_list("devices", ["2", "4", "8"], "Logical CPU device counts.")
+    flags.DEFINE_list("workers", ["2", "3"], "Worker process counts.")
+    flags.DEFINE_list(
+        "multi_worker_workloads",
+        ["resnet50", "many_small"],
+        "Sets across worker processes (resnet50, bert_base, many_small).",
+    )
+    flags.DEFINE_integer("rounds", 7, "Timing rounds.", lower_bound=1)
+    flags.DEFINE_float(
+        "target_seconds", 0.05, "Seconds per measurement.", lower_bound=0
+    )
+    flags.DEFINE_integer("max_reps", 200, "Steps per measurement, at most.")
+    flags.DEFINE_integer("resnet50_tensors", 214, "First N ResNet-50 tensors.")
+    flags.DEFINE_integer("many_small_count", 1000, "Tensors in many_small.")
+    flags.DEFINE_integer("sweep_min_bytes", 4, "Smallest sweep size.")
+    flags.DEFINE_integer("sweep_max_bytes", 256 << 20, "Largest sweep size.")
+    flags.DEFINE_integer("sweep_step", 2, "Sweep size ratio.", lower_bound=2)
+    flags.DEFINE_string(
+        "candidates",
+        "",
+        "Only our candidates whose name matches one of these comma-separated "
+        "regular expressions (re.search), e.g. 'SpecAllReduce (pscpu|xring)$'"
+        "; escape ( ) [ ] . * + ? with \\ to match them literally. Each must "
+        "match one of ours. TensorFlow's built-ins, rooflines and baselines "
+        "always run.",
+    )
+    flags.DEFINE_enum(
+        "sweep_table", "best", ["best", "all"], "Sweep rows: best of each."
+    )
+    flags.DEFINE_integer("seed", 0, "Seeds the values and the round order.")
+    flags.DEFINE_float(
+        "timeout_seconds", 900.0, "Longest silence of a child process."
+    )
+    flags.DEFINE_float(
+        "max_memory_gib",
+        12.0,
+        "Leave out single-process groups estimated to need more memory.",
+    )
+    flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
+
+
+def _ints(flag: str, minimum: int) -> list[int]:
+    try:
+        values = [int(v) for v in FLAGS[flag].value or ()]
+    except ValueError as e:
+        raise app.UsageError(f"--{flag}: {e}") from None
+    if any(v < minimum for v in values):
+        raise app.UsageError(f"--{flag}: {values} has a value below {minimum}")
+    return values
+
+
+def _workloads(flag: str) -> list[Any]:
+    from benchmarks import workloads
+
+    out = []
+    for name in FLAGS[flag].value or ():
+        if name == "resnet50":
+            out.append(workloads.resnet50().truncated(FLAGS.resnet50_tensors))
+        elif name == "bert_base":
+            out.append(workloads.bert_base())
+        elif name == "many_small":
+            out.append(workloads.many_small(FLAGS.many_small_count))
+        elif name == "sweep" and flag == "workloads":
+            out += workloads.sweep(
+                FLAGS.sweep_min_bytes, FLAGS.sweep_max_bytes, FLAGS.sweep_step
+            )
+        else:
+            raise app.UsageError(
+                f"--{flag}: unknown workload {name!r}; expected one of "
+                f"{', '.join(WORKLOADS)}"
+            )
+    return out
+
+
+def missing_extras() -> str | None:
+    """What to install when tqdm or matplotlib is missing (else None)."""
+    missing = [m for m in EXTRAS if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"the benchmark needs {' and '.join(missing)}: from the checkout, "
+        "pip install -e '.[benchmark]'"
+    )
+
+
+def _machine() -> str:
+    import numpy as np
+    import tensorflow as tf
+
+    return (
+        f"{os.cpu_count()} CPU cores "
+        f"({platform.processor() or platform.machine()}), load average "
+        f"{os.getloadavg()[0]:.1f}, Python {platform.python_version()}, "
+        f"TensorFlow {tf.__version__}, numpy {np.__version__}"
+    )
+
+
+def _failures(groups: list[Any]) -> list[str]:
+    out = []
+    for g in groups:
+        where = f"{g.workload} x{g.num_replicas}"
+        out += [f"{where}: {g.error}"] if g.error else []
+        out += [
+            f"{where}: {r.name}: {r.timing.error}"
+            for r in g.results
+            if not r.ok
+        ]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    for name, value in QUICK_DEFAULTS.items() if FLAGS.quick else ():
+        if not FLAGS[name].present:
+            FLAGS[name].value = value
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+        import tensorflow as tf
+
+        # Every candidate is a new tf.function by design: no retrace warnings.
+        tf.get_logger().setLevel("ERROR")
+    devices, workers = _ints("devices", 2), _ints("workers", 2)
+    single, across = (
+        _workloads("workloads"),
+        _workloads("multi_worker_workloads"),
+    )
+    missing = missing_extras()
+    if missing:
+        print(missing, file=sys.stderr)
+        return 1
+    import tqdm  # type: ignore[import-untyped]
+
+    from benchmarks import candidates as candidates_lib
+    from benchmarks import groups as groups_lib
+    from benchmarks import records, report, targets
+
+    started = time.time()
+    meta: dict[str, Any] = {
+        "command": ("python -m benchmarks " + shlex.join(sys.argv[1:])).strip(),
+        "machine": _machine(),
+        "quick": FLAGS.quick,
+    }
+    config = groups_lib.Config(
+        rounds=FLAGS.rounds,
+        target_seconds=FLAGS.target_seconds,
+        max_reps=FLAGS.max_reps,
+        seed=FLAGS.seed,
+        cores=os.cpu_count() or 1,
+        timeout_seconds=FLAGS.timeout_seconds,
+    )
+    plan = [
+        (w, n, candidates_lib.single_process_candidates(w, FLAGS.quick))
+        for w in single
+        for n in devices
+    ]
+    every = [c for _, _, group in plan for c in group]
+    for w in across if workers else []:
+        every += candidates_lib.multi_worker_candidates(w, FLAGS.quick)
+    try:
+        candidates_lib.check_patterns(every, FLAGS.candidates)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+
+    def keep(group: list[Any]) -> list[Any]:
+        return candidates_lib.select(group, FLAGS.candidates)
+
+    def candidates_of(w: Any) -> list[Any]:
+        return keep(candidates_lib.multi_worker_candidates(w, FLAGS.quick))
+
+    output = pathlib.Path(FLAGS.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    groups: list[records.Group] = []
+
+    def save_partial() -> None:  # A long run that dies keeps what it measured.
+        run = records.Run({**meta, "partial": True}, {}, groups, [])
+        run.write(output / "results.json")
+
+    with tqdm.tqdm(
+        total=len(plan) + len(workers) * len(across),
+        file=sys.stderr,
+        disable=not FLAGS.progress,
+        unit="group",
+    ) as bar:
+
+        def describe(text: str) -> None:
+            bar.set_postfix_str(text[:70], refresh=True)
+
+        for w, n, candidates in plan:
+            need = groups_lib.estimated_peak_bytes(w, n) / 2**30
+            if need > FLAGS.max_memory_gib:
+                skipped = f"needs about {need:.1f} GiB (over --max_memory_gib)"
+                group = records.Group.of(
+                    "single_process", w, n, skipped=skipped
+                )
+            else:
+                try:
+                    group = groups_lib.single_process(
+                        w, n, keep(candidates), config, describe
+                    )
+                except Exception as e:  # noqa: BLE001 - in the table.
+                    error = f"{type(e).__name__}: {e}"
+                    group = records.Group.of(
+                        "single_process", w, n, error=error
+                    )
+            groups.append(group)
+            bar.update(1)
+            save_partial()
+        for p in workers:
+            try:
+                groups += groups_lib.multi_worker(
+                    across, p, config, candidates_of, describe
+                )
+            except Exception as e:  # noqa: BLE001 - in the table.
+                error = f"{type(e).__name__}: {e}"
+                groups += [
+                    records.Group.of("multi_worker", w, p, error=error)
+                    for w in across
+                ]
+            bar.update(len(across))
+            save_partial()
+
+    meta["seconds"] = time.time() - started
+    meta["load_average_end"] = os.getloadavg()[0]
+    run = records.Run(
+        meta, candidates_lib.SKIPPED, groups, targets.evaluate(groups)
+    )
+    table = report.write_all(output, run, FLAGS.sweep_table == "all")
+    print(f"{table}\n# finished in {meta['seconds']:.0f} s", flush=True)
+    print(
+        f"# wrote {output}/results.txt, results.md, results.json and "
+        "time_vs_size.png"
+    )
+    failed = _failures(groups)
+    if failed:
+        print(
+            f"{len(failed)} failure(s):\n  " + "\n  ".join(failed),
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,271 @@
+"""What the benchmark compares: our CrossDeviceOps and TensorFlow's.
+
+A `Candidate` is plain data (it crosses process boundaries as JSON); `build`
+turns it into a step body in the process that runs it. Families: "ours"
+(every algorithm with every packing setting that changes the computation
+for the workload) and "tf" (ReductionToOneDevice, HierarchicalCopy with 1
+and 4 packs, MirroredStrategy's default; across workers
+MultiWorkerMirroredStrategy's collective all-reduce).
+
+>>> from benchmarks import workloads
+>>> group = single_process_candidates(workloads.many_small(8))
+>>> [c.name for c in select(group, "SpecAllReduce (pscpu|xring)$")][-2:]
+['ours SpecAllReduce pscpu', 'ours SpecAllReduce xring']
+>>> check_patterns(group, "xring$,xrign$")
+Traceback (most recent call last):
+...
+ValueError: --candidates: 'xrign$' matches none of our candidates here
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks import workloads as workloads_lib
+
+NO_PACKING: dict[str, int] = {}
+PACKS_1 = {"num_packs": 1}
+PACKS_4 = {"num_packs": 4}
+# Tensors up to 64 KiB concatenated in groups of up to 1024.
+AGGREGATE = {
+    "agg_small_grads_max_bytes": 64 << 10,
+    "agg_small_grads_max_group": 1024,
+}
+PACKINGS: tuple[dict[str, int], ...] = (NO_PACKING, PACKS_1, PACKS_4, AGGREGATE)
+# In one process, a/b specs run their inner stage only and nccl has no CPU
+# kernel, so these are the single-process spec algorithms.
+SINGLE_PROCESS_SPECS = ("pscpu", "psgpu", "xring", "rechd")
+MULTI_WORKER_SPECS: tuple[Any, ...] = (
+    ("pscpu/pscpu", 2, -1),  # MultiWorkerAllReduce's default
+    "pscpu",
+    "xring",
+    "rechd",
+)
+MWMS_BYTES_PER_PACK = (4 << 20, 32 << 20)
+# Our algorithms the single-process groups leave out, and why.
+SKIPPED = {
+    "ours NcclAllReduce, SpecAllReduce nccl (and nccl/*)": "NCCL has no CPU "
+    "kernel; on CPU devices it sums on one device",
+    "ours SpecAllReduce pscpu/pscpu (and other a/b specs)": "one process is "
+    "one worker: only the inner stage runs, already measured alone",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One way to all-reduce, as data: a unique name (table, JSON, plot,
+    --candidates), its family ("ours" or "tf"), the kind of constructor
+    `build` uses and its (JSON-compatible) arguments."""
+
+    name: str
+    family: str
+    kind: str
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _label(packing: dict[str, int]) -> str:
+    if "num_packs" in packing:
+        return f" num_packs={packing['num_packs']}"
+    if packing:
+        return (
+            f" agg_small={packing['agg_small_grads_max_bytes'] >> 10}KiB"
+            f"x{packing['agg_small_grads_max_group']}"
+        )
+    return ""
+
+
+def _applies(c: Candidate, workload: workloads_lib.Workload) -> bool:
+    """Whether the candidate's packing changes what is reduced.
+
+    num_packs=1 only concatenates (one tensor stays as it is); num_packs>1
+    also splits; aggregation needs two tensors of at most its size.
+    """
+    if c.family == "ours" and c.kwargs.get("num_packs") == 1:
+        return workload.num_tensors > 1
+    limit = c.kwargs.get("agg_small_grads_max_bytes", 0)
+    small = [s for s in workload.shapes if math.prod(s) * 4 <= limit]
+    return not limit or len(small) >= 2
+
+
+def _ours(
+    name: str, kind: str, settings: Sequence[tuple[Any, dict[str, int]]]
+) -> list[Candidate]:
+    key = "all_reduce_alg" if kind == "ours_all_reduce" else "all_reduce_spec"
+    out = []
+    for alg, packing in settings:
+        kwargs = {key: alg} | packing
+        label = (alg if isinstance(alg, str) else repr(alg)) + _label(packing)
+        if kind == "ours_all_reduce":  # hierarchical copy packs by default
+            kwargs = {"num_packs": 0} | kwargs
+            label = _label(packing).strip() or "num_packs=0"
+        out.append(Candidate(f"ours {name} {label}", "ours", kind, kwargs))
+    return out
+
+
+def single_process_candidates(
+    workload: workloads_lib.Workload, quick: bool = False
+) -> list[Candidate]:
+    """The candidates on one process's logical CPU devices (`quick`: few)."""
+    out = [
+        Candidate("TF ReductionToOneDevice", "tf", "tf_r1d"),
+        Candidate("TF HierarchicalCopy num_packs=1", "tf", "tf_hc", PACKS_1),
+        Candidate("TF HierarchicalCopy num_packs=4", "tf", "tf_hc", PACKS_4),
+        # TF 2.21 MirroredStrategy's default: CollectiveAllReduce.
+        Candidate("TF MirroredStrategy default", "tf", "tf_mirrored_default"),
+        Candidate("ours ReductionToOneDevice", "ours", "ours_r1d"),
+    ]
+    hierarchical = [("hierarchical_copy", p) for p in PACKINGS]
+    specs = [(s, p) for s in SINGLE_PROCESS_SPECS for p in PACKINGS]
+    if quick:
+        del out[2]
+        hierarchical = [hierarchical[0], hierarchical[3]]
+        specs = [("pscpu", AGGREGATE), ("xring", PACKS_1)]
+    out += _ours("HierarchicalCopy", "ours_all_reduce", hierarchical)
+    out += _ours("SpecAllReduce", "ours_spec", specs)
+    return [c for c in out if _applies(c, workload)]
+
+
+def multi_worker_candidates(
+    workload: workloads_lib.Workload, quick: bool = False
+) -> list[Candidate]:
+    """The candidates across worker processes (one CPU replica each).
+
+    Ours run in one client driving the workers (MultiWorkerAllReduce);
+    MultiWorkerMirroredStrategy ("mwms", default options: AUTO, which is
+    RING on CPU, one pack) runs between-graph.
+    """
+    out = [
+        Candidate("TF MWMS default", "tf", "mwms"),
+        Candidate("TF MWMS RING", "tf", "mwms", {"implementation": "RING"}),
+    ]
+    for size in () if quick else MWMS_BYTES_PER_PACK:
+        out.append(
+            Candidate(
+                f"TF MWMS RING bytes_per_pack={size >> 20}MiB",
+                "tf",
+                "mwms",
+                {"implementation": "RING", "bytes_per_pack": size},
+            )
+        )
+    if not quick:  # driven by our client, like ours
+        out.append(
+            Candidate("TF ReductionToOneDevice (in-graph)", "tf", "tf_r1d")
+        )
+    specs, packings = MULTI_WORKER_SPECS, PACKINGS
+    if quick:
+        specs, packings = (specs[0], "xring"), (NO_PACKING, PACKS_1)
+    settings = [(s, p) for s in specs for p in packings]
+    out += _ours("MultiWorkerAllReduce", "ours_multi_worker", settings)
+    return [c for c in out if _applies(c, workload)]
+
+
+def _compile(patterns: str) -> list[re.Pattern[str]]:
+    compiled = []
+    for pattern in filter(None, patterns.split(",")):
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as e:
+            raise ValueError(
+                f"--candidates: {pattern!r} is not a regular expression ({e}); "
+                r"escape ( ) [ ] . * + ? with \ to match them literally"
+            ) from None
+    return compiled
+
+
+def select(candidates: Sequence[Candidate], patterns: str) -> list[Candidate]:
+    """TF's built-ins (every ratio needs them) and ours matching `patterns`.
+
+    `patterns`: comma-separated regular expressions (re.search); empty
+    keeps everything.
+
+    Raises:
+        ValueError: a pattern is not a regular expression.
+    """
+    wanted = _compile(patterns)
+    return [
+        c
+        for c in candidates
+        if not wanted
+        or c.family == "tf"
+        or any(w.search(c.name) for w in wanted)
+    ]
+
+
+def check_patterns(candidates: Sequence[Candidate], patterns: str) -> None:
+    """Raises ValueError for a pattern matching none of our candidates.
+
+    A typo would otherwise run TF's built-ins alone, for hours.
+    """
+    ours = [c.name for c in candidates if c.family == "ours"]
+    unmatched = [
+        repr(w.pattern)
+        for w in _compile(patterns)
+        if not any(w.search(name) for name in ours)
+    ]
+    if unmatched:
+        verb = "matches" if len(unmatched) == 1 else "match"
+        raise ValueError(
+            f"--candidates: {', '.join(unmatched)} {verb} none of our "
+            "candidates here"
+        )
+
+
+# One MirroredStrategy per device list: strategies over the same devices in
+# one process number their collective instances alike, so a second one
+# would reuse instance keys for different tensors.
+_STRATEGIES: dict[tuple[str, ...], Any] = {}
+
+
+def build(candidate: Candidate, devices: Sequence[str]) -> Any:
+    """The candidate as a `tf.distribute.CrossDeviceOps` over `devices`.
+
+    MirroredStrategy's default is its strategy's `extended` (it has the same
+    `batch_reduce_to` call). Call outside `tf.function`.
+
+    Raises:
+        ValueError: a kind that cannot be built here ("mwms" runs in its
+            own processes).
+    """
+    import tensorflow as tf
+
+    import tf_crossdevice
+
+    kind, kwargs = candidate.kind, dict(candidate.kwargs)
+    if isinstance(kwargs.get("all_reduce_spec"), list):  # JSON made it one
+        kwargs["all_reduce_spec"] = tuple(kwargs["all_reduce_spec"])
+    if kind == "tf_mirrored_default":
+        key = tuple(devices)
+        if key not in _STRATEGIES:
+            _STRATEGIES[key] = tf.distribute.MirroredStrategy(list(key))
+        return _ExtendedAsOps(_STRATEGIES[key].extended)
+    if kind == "tf_r1d":
+        return tf.distribute.ReductionToOneDevice()
+    if kind == "tf_hc":
+        return tf.distribute.HierarchicalCopyAllReduce(**kwargs)
+    if kind == "ours_r1d":
+        return tf_crossdevice.ReductionToOneDevice(**kwargs)
+    if kind == "ours_all_reduce":
+        return tf_crossdevice.AllReduceCrossDeviceOps(**kwargs)
+    if kind == "ours_spec":
+        return tf_crossdevice.SpecAllReduce(**kwargs)
+    if kind == "ours_multi_worker":
+        workers = sorted(
+            {d.split("/device:")[0] for d in devices},
+            key=lambda w: int(w.rsplit(":", 1)[1]),
+        )
+        return tf_crossdevice.MultiWorkerAllReduce(workers, 0, **kwargs)
+    raise ValueError(f"candidate.kind: {kind!r} cannot be built here")
+
+
+class _ExtendedAsOps:
+    """A strategy's `extended` with CrossDeviceOps' `batch_reduce` call."""
+
+    def __init__(self, extended: Any):
+        self._extended = extended
+
+    def batch_reduce(self, reduce_op: Any, pairs: Any) -> Any:
+        return self._extended.batch_reduce_to(reduce_op, pairs)

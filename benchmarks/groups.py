@@ -1,0 +1,284 @@
+"""Measures groups: one workload on n logical devices or p worker processes.
+
+The benchmark process drives child processes (`sessions.py`) over pipes:
+each entry is built, checked against numpy and warmed up in its child,
+then every entry is timed once per round, in interleaved rounds, and the
+finalists again (`records.timed_group`).
+
+- One process, n devices: a fresh child per group. Entries: the candidates,
+  the rooflines (`tf.add_n` of the replicas' flat buffers on one device and
+  per core, numpy in one thread and one per core), a bound (packing and
+  unpacking alone) and two baselines: "inputs only" (subtracted from the
+  candidates) and "flat buffers only" (from the TF rooflines).
+- p workers, one CPU replica each: our client driving
+  `tf_crossdevice.cluster` workers in one graph, and p
+  MultiWorkerMirroredStrategy processes holding the same values. The
+  roofline is a ring's 2(p-1)/p of the bytes at the faster of TCP loopback
+  (timed here) and TF's gRPC copy between two workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from benchmarks import candidates as candidates_lib
+from benchmarks import processes, records, roofline, sessions, targets
+from benchmarks import workloads as workloads_lib
+from tf_crossdevice import _measure
+
+ROOFLINE_TCP = "roofline: TCP loopback"
+# (name, family, baseline) of the fixed entries; the first runs in-graph.
+SINGLE_PROCESS = (
+    (sessions.INPUTS_BASELINE, "baseline", None),
+    (sessions.FLAT_BASELINE, "baseline", None),
+    (sessions.ROOFLINE_ADD_N, "roofline", sessions.FLAT_BASELINE),
+    (sessions.ROOFLINE_ADD_N_PER_CORE, "roofline", sessions.FLAT_BASELINE),
+    (sessions.ROOFLINE_NUMPY, "roofline", None),
+    (sessions.ROOFLINE_NUMPY_PER_CORE, "roofline", None),
+)
+MULTI_WORKER = (
+    (sessions.INPUTS_BASELINE, "baseline", None),
+    (sessions.IDLE_BASELINE, "baseline", None),
+    (sessions.MWMS_BASELINE, "baseline", None),
+    (sessions.ROOFLINE_GRPC, "roofline", sessions.IDLE_BASELINE),
+    (ROOFLINE_TCP, "roofline", None),
+)
+Describe = Callable[[str], object]
+
+
+@dataclasses.dataclass
+class Config:
+    """How long and how carefully to time (see the flags of __main__)."""
+
+    rounds: int = 7
+    target_seconds: float = 0.1
+    max_reps: int = 200
+    warmup: int = 2
+    seed: int = 0
+    cores: int = 2
+    timeout_seconds: float = 900.0  # the longest a child may stay silent
+
+
+def estimated_peak_bytes(workload: workloads_lib.Workload, n: int) -> int:
+    """About a group's peak memory: 0.6 GB + 5 n times the workload's bytes.
+
+    Measured with every candidate on this repository's machine (inputs,
+    results, intermediates, numpy's buffers, what allocators keep).
+    """
+    return int(0.6e9 + 5 * n * workload.num_bytes)
+
+
+def _children(role: str, count: int, envs: Any = None) -> processes.ChildGroup:
+    children = [
+        processes.python_module(
+            f"{role} {i}",
+            "benchmarks.sessions",
+            role,
+            **(envs[i] if envs else {}),
+        )
+        for i in range(count)
+    ]
+    return processes.ChildGroup(role, children)
+
+
+def single_process(
+    workload: workloads_lib.Workload,
+    num_devices: int,
+    candidates: Sequence[candidates_lib.Candidate],
+    config: Config,
+    describe: Describe = lambda s: None,
+) -> records.Group:
+    """Verifies and times `candidates` on `num_devices` logical CPU devices.
+
+    Raises:
+        processes.ChildError: the child could not start.
+    """
+    child = _children("in_graph", 1)
+    try:
+        setup = {"num_devices": num_devices, "cores": config.cores}
+        child.request(_setup(config) | setup, config.timeout_seconds)
+        fixed = list(SINGLE_PROCESS)
+        if workload.num_tensors > 1:
+            bound = (
+                sessions.PACK_UNPACK_BOUND,
+                "bound",
+                sessions.INPUTS_BASELINE,
+            )
+            fixed.append(bound)
+        entries = [(*e, child, None) for e in fixed] + [
+            (c.name, c.family, sessions.INPUTS_BASELINE, child, c)
+            for c in candidates
+        ]
+        group = records.Group.of("single_process", workload, num_devices)
+        return _measure_group(group, workload, entries, config, describe)
+    finally:
+        child.stop()
+
+
+@contextlib.contextmanager
+def _worker_processes(p: int, config: Config) -> Iterator[Any]:
+    """(our client, the MWMS processes), set up; stopped on leaving."""
+    with processes.worker_cluster(p) as cluster_spec:
+        client = _children("in_graph", 1)
+        mwms = _children("mwms", p, processes.tf_config_envs(p))
+        try:
+            setup = _setup(config)
+            client.request(
+                setup | {"cluster": cluster_spec}, config.timeout_seconds
+            )
+            mwms.request(setup, config.timeout_seconds)
+            yield client, mwms
+        finally:
+            client.stop()
+            mwms.stop()
+
+
+def multi_worker(
+    workloads: Sequence[workloads_lib.Workload],
+    num_workers: int,
+    config: Config,
+    candidates_of: Callable[[workloads_lib.Workload], list[Any]],
+    describe: Describe = lambda s: None,
+) -> list[records.Group]:
+    """Verifies and times each workload's candidates across workers.
+
+    Raises:
+        processes.ChildError: the processes could not be started.
+    """
+    describe(f"x{num_workers} workers: starting processes")
+    out = []
+    with _worker_processes(num_workers, config) as (client, mwms):
+        for w in workloads:
+            on = {sessions.MWMS_BASELINE: mwms, ROOFLINE_TCP: None}
+            entries = [(*e, on.get(e[0], client), None) for e in MULTI_WORKER]
+            for c in candidates_of(w):
+                baseline, side = sessions.INPUTS_BASELINE, client
+                if c.kind == "mwms":
+                    baseline, side = sessions.MWMS_BASELINE, mwms
+                entries.append((c.name, c.family, baseline, side, c))
+            group = records.Group.of(
+                "multi_worker",
+                w,
+                num_workers,
+                note="rooflines time a one-way copy of the workload's bytes; "
+                "roofline time = that * 2(p-1)/p, a ring's bytes per worker",
+            )
+            out.append(_measure_group(group, w, entries, config, describe))
+    return out
+
+
+def _setup(config: Config) -> dict[str, Any]:
+    return {"seed": config.seed, "warmup": config.warmup}
+
+
+def _measure_group(
+    group: records.Group,
+    workload: workloads_lib.Workload,
+    entries: list[tuple[str, str, str | None, Any, Any]],
+    config: Config,
+    describe: Describe,
+) -> records.Group:
+    """Prepares every entry on its side (None: here), then times them all.
+
+    Entries: (name, family, baseline, the ChildGroup it runs on, candidate).
+    """
+    timeout = config.timeout_seconds
+    sides = list(dict.fromkeys(e[3] for e in entries if e[3] is not None))
+    loaded: dict[Any, str | None] = {}
+    for side in sides:
+        try:
+            side.request({"cmd": "load", "shapes": workload.shapes}, timeout)
+            loaded[side] = None
+        except processes.ChildError as e:
+            loaded[side] = f"could not load the workload: {e}"
+    opened: list[roofline.TcpLoopback] = []
+    prepared: dict[str, _measure.Prepared] = {}
+    timers: dict[str, _measure.TimeFn] = {}
+    for name, family, _, side, candidate in entries:
+        describe(f"{workload.name} x{group.num_replicas}: {name}")
+        verifies = family != "baseline"
+        if side is None:  # TCP loopback, timed here
+            prepared[name], call = _measure.prepare(
+                lambda: _tcp_entry(workload.num_bytes, opened), config.warmup
+            )
+            if call is not None:
+                timers[name] = _measure.timer(call)
+        elif loaded[side] is not None:
+            failed = False if verifies else None
+            prepared[name] = _measure.Prepared(failed, loaded[side], 0, 0)
+        else:
+            prepared[name] = _prepare(side, name, candidate, verifies, timeout)
+            if prepared[name].error is None:
+                timers[name] = _remote_timer(side, name, timeout)
+    describe(f"{workload.name} x{group.num_replicas}: timing")
+    factor = roofline.ring_bytes_per_worker(1, group.num_replicas)
+    try:
+        records.timed_group(
+            group,
+            [e[:3] for e in entries],
+            prepared,
+            timers,
+            config,
+            targets.REFERENCES,
+            (lambda s: s * factor) if group.setting == "multi_worker" else None,
+        )
+    finally:
+        for loopback in opened:
+            loopback.close()
+    for side in sides:
+        with contextlib.suppress(processes.ChildError):
+            answers = side.request({"cmd": "unload"}, timeout)
+            group.peak_rss_bytes = max(a["peak_rss_bytes"] for a in answers)
+    return group
+
+
+def _prepare(
+    side: processes.ChildGroup,
+    name: str,
+    candidate: candidates_lib.Candidate | None,
+    verifies: bool,
+    timeout: float,
+) -> _measure.Prepared:
+    failed = False if verifies else None
+    command = {
+        "cmd": "prepare",
+        "name": name,
+        "verifies": verifies,
+        "candidate": dataclasses.asdict(candidate) if candidate else None,
+    }
+    try:
+        answers = [
+            _measure.Prepared(**a) for a in side.request(command, timeout)
+        ]
+    except processes.ChildError as e:
+        return _measure.Prepared(failed, _measure.first_line(str(e)), 0, 0)
+    build = max(a.build_seconds for a in answers)
+    error = next((a.error for a in answers if a.error), None)
+    if error is not None:
+        return _measure.Prepared(failed, error, 0, build)
+    per_call = max(a.seconds_per_call for a in answers)
+    return _measure.Prepared(True if verifies else None, None, per_call, build)
+
+
+def _remote_timer(
+    side: processes.ChildGroup, name: str, timeout: float
+) -> _measure.TimeFn:
+    def time_remote(reps: int) -> float:
+        message = {"cmd": "time", "name": name, "reps": reps}
+        # Collectives finish together; the slowest worker is the step time.
+        return max(a["seconds"] for a in side.request(message, timeout))
+
+    return time_remote
+
+
+def _tcp_entry(num_bytes: int, opened: list[roofline.TcpLoopback]) -> Any:
+    loopback = roofline.TcpLoopback(num_bytes)
+    opened.append(loopback)
+
+    def check() -> None:
+        loopback()  # The receiver answers only after counting every byte.
+
+    return loopback, check

@@ -1,0 +1,331 @@
+"""The benchmark's records (dataclasses) and the figures taken from them.
+
+A group is one workload on one set of replicas (n logical devices of one
+process, or p worker processes). Its entries are candidates ("ours", "tf"),
+rooflines, bounds and baselines, each with a `_measure.Timing`. A result's
+time is its median minus its baseline's median: the all-reduce's own cost,
+as nccl-tests times it, without the cost of producing its inputs. JSON is
+`dataclasses.asdict` of a `Run`; `Run.read` turns it back into records.
+
+>>> def entry(name, family, baseline, seconds):
+...     return entry_of(name, family, baseline, [seconds] * 3)
+>>> group = Group("single_process", "w", "", 2, 1, 8, 2, "float32")
+>>> add_results(group, [entry("base", "baseline", None, 1.0),
+...     entry("roof", "roofline", None, 1.0),
+...     entry("tf", "tf", "base", 5.0), entry("ours", "ours", "base", 3.0)])
+>>> [(r.name, r.time_seconds, r.ratio_to_tf_best, r.roofline_fraction)
+...  for r in group.results]
+[('roof', 1.0, 4.0, 1.0), ('tf', 4.0, 1.0, 0.25), ('ours', 2.0, 2.0, 0.5)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tf_crossdevice import _measure
+
+
+@dataclasses.dataclass
+class Result:
+    """One entry of a group and its figures (None: no figure).
+
+    Attributes:
+        name, family: the entry ("ours", "tf", "roofline", "bound",
+            "baseline").
+        baseline: the entry whose median is subtracted, if any.
+        timing: its check and samples.
+        time_seconds: median net of the baseline (None: within noise).
+        algbw_gbps: size / time. busbw_gbps: algbw * 2(n-1)/n.
+        roofline_fraction: roofline time / time.
+        ratio_to_tf_best: TF's best time / time (above 1: faster).
+    """
+
+    name: str
+    family: str
+    baseline: str | None
+    timing: _measure.Timing
+    time_seconds: float | None = None
+    algbw_gbps: float | None = None
+    busbw_gbps: float | None = None
+    roofline_fraction: float | None = None
+    ratio_to_tf_best: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.timing.error is None and self.timing.verified is not False
+
+
+@dataclasses.dataclass
+class Group:
+    """One workload on one set of replicas, and its results."""
+
+    setting: str  # "single_process" or "multi_worker"
+    workload: str
+    description: str
+    num_replicas: int
+    num_tensors: int
+    size_bytes: int
+    count: int
+    dtype: str
+    rounds: int = 0
+    error: str | None = None
+    skipped: str | None = None
+    roofline: str | None = None
+    roofline_seconds: float | None = None
+    tf_best: str | None = None
+    tf_best_seconds: float | None = None
+    ours_best: str | None = None
+    ours_best_seconds: float | None = None
+    baselines: list[Result] = dataclasses.field(default_factory=list)
+    results: list[Result] = dataclasses.field(default_factory=list)
+    # The finalists re-timed side by side: name -> net seconds.
+    confirmed: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    confirmed_rounds: int = 0
+    peak_rss_bytes: int | None = None
+    note: str = ""
+
+    @classmethod
+    def of(cls, setting: str, workload: Any, n: int, **kw: Any) -> Group:
+        return cls(
+            setting,
+            workload.name,
+            workload.description,
+            n,
+            workload.num_tensors,
+            workload.num_bytes,
+            workload.num_elements,
+            workload.dtype,
+            **kw,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Group:
+        def result(d: dict[str, Any]) -> Result:
+            t = dict(d["timing"], samples=tuple(d["timing"]["samples"]))
+            return Result(**{**d, "timing": _measure.Timing(**t)})
+
+        return cls(
+            **{
+                **data,
+                "baselines": [result(r) for r in data["baselines"]],
+                "results": [result(r) for r in data["results"]],
+            }
+        )
+
+    @property
+    def scope(self) -> str:
+        n = self.num_replicas
+        if self.setting == "single_process":
+            return f"single process, {n} logical CPU devices"
+        return f"{n} worker processes (one CPU replica each)"
+
+    def time(self, name: str | None) -> float | None:
+        """`name`'s net time from the confirmation rounds, else the rounds."""
+        if name in self.confirmed:
+            return self.confirmed[name]
+        r = next((r for r in self.results if r.name == name), None)
+        return r.time_seconds if r is not None and r.ok else None
+
+
+@dataclasses.dataclass
+class Target:
+    """One of the project's targets (see targets.py), as measured."""
+
+    name: str
+    measured: float | None
+    threshold: float
+    met: bool
+    stand_in: bool
+    note: str
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything a run wrote to results.json."""
+
+    meta: dict[str, Any]
+    skipped: dict[str, str]
+    groups: list[Group]
+    targets: list[Target]
+
+    def write(self, path: pathlib.Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def read(cls, path: pathlib.Path) -> Run:
+        data = json.loads(path.read_text())
+        return cls(
+            data["meta"],
+            data["skipped"],
+            [Group.from_dict(g) for g in data["groups"]],
+            [Target(**t) for t in data["targets"]],
+        )
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing (or b is 0)."""
+    return a / b if a is not None and b else None
+
+
+def entry_of(
+    name: str, family: str, baseline: str | None, samples: Sequence[float]
+) -> Result:
+    """A verified entry with these samples (for examples and tests)."""
+    prepared = _measure.Prepared(family != "baseline" or None, None, 0.0, 0.0)
+    return Result(
+        name, family, baseline, _measure.Timing.of(name, prepared, 1, samples)
+    )
+
+
+def _net(
+    median: float | None,
+    base: float | None,
+    scale: Callable[[float], float] | None,
+) -> float | None:
+    if median is None or base is None or median - base <= 0:
+        return None
+    return scale(median - base) if scale else median - base
+
+
+def add_results(
+    group: Group,
+    entries: Sequence[Result],
+    roofline_time: Callable[[float], float] | None = None,
+) -> None:
+    """Sets the group's results, bests and figures from its entries.
+
+    `roofline_time` turns a roofline entry's net seconds into the roofline
+    for the workload (across workers: a one-way copy into a ring's bytes).
+    """
+    medians = {e.name: e.timing.median_seconds for e in entries}
+    group.rounds = max((len(e.timing.samples) for e in entries), default=0)
+    group.baselines = [e for e in entries if e.family == "baseline"]
+    group.results = [e for e in entries if e.family != "baseline"]
+    for r in group.results:
+        base = medians.get(r.baseline) if r.baseline else 0.0
+        scale = roofline_time if r.family == "roofline" else None
+        r.time_seconds = _net(r.timing.median_seconds, base, scale)
+
+    def best(family: str) -> tuple[str | None, float | None]:
+        timed = [
+            (r.time_seconds, r.name)
+            for r in group.results
+            if r.family == family and r.ok and r.time_seconds is not None
+        ]
+        seconds, name = min(timed) if timed else (None, None)
+        return name, seconds
+
+    group.roofline, group.roofline_seconds = best("roofline")
+    group.tf_best, group.tf_best_seconds = best("tf")
+    group.ours_best, group.ours_best_seconds = best("ours")
+    roof, tf_best = group.roofline_seconds, group.tf_best_seconds
+    bus = 2 * (group.num_replicas - 1) / group.num_replicas
+    for r in group.results:
+        t = r.time_seconds
+        if t:
+            r.algbw_gbps = group.size_bytes / t / 1e9
+            r.busbw_gbps = r.algbw_gbps * bus
+            r.roofline_fraction = roof / t if roof else None
+            r.ratio_to_tf_best = tf_best / t if tf_best else None
+
+
+MAX_FINALISTS = 8  # best of each family, a bound, references, baselines
+
+
+def timed_group(
+    group: Group,
+    entries: Sequence[tuple[str, str, str | None]],
+    prepared: dict[str, _measure.Prepared],
+    timers: dict[str, _measure.TimeFn],
+    config: Any,
+    references: Sequence[str] = (),
+    roofline_time: Callable[[float], float] | None = None,
+) -> Group:
+    """Times the prepared entries in rounds, then the finalists again.
+
+    Args:
+        group: the group to fill.
+        entries: (name, family, baseline) of every entry.
+        prepared: each entry's `_measure.prepare` outcome.
+        timers: the entries that can be timed.
+        config: rounds, target_seconds, max_reps, seed.
+        references: entries the targets compare with (re-timed too).
+        roofline_time: see `add_results`.
+    """
+    reps = {
+        n: _measure.reps_for(
+            prepared[n].seconds_per_call, config.target_seconds, config.max_reps
+        )
+        for n in timers
+    }
+    samples, errors = _measure.interleaved_rounds(
+        timers, reps, config.rounds, config.seed
+    )
+    add_results(
+        group,
+        [
+            Result(
+                name,
+                family,
+                baseline,
+                _measure.Timing.of(
+                    name,
+                    prepared[name],
+                    reps.get(name, 0),
+                    samples.get(name, []),
+                    errors.get(name),
+                ),
+            )
+            for name, family, baseline in entries
+        ],
+        roofline_time,
+    )
+    names = [n for n in finalists(group, references) if n in samples]
+    confirm, _ = _measure.interleaved_rounds(
+        {n: timers[n] for n in names[:MAX_FINALISTS]},
+        reps,
+        config.rounds,
+        config.seed + 1,
+    )
+    add_confirmation(group, confirm, roofline_time)
+    return group
+
+
+def finalists(group: Group, also: Sequence[str] = ()) -> list[str]:
+    """The entries the confirmation rounds re-time, with their baselines.
+
+    The best of a family is a minimum over noisy medians, and the family
+    with more candidates gets the luckier minimum; re-timing the chosen few
+    side by side removes that bias. `also`: entries targets compare with.
+    """
+    by_name = {r.name: r for r in group.results}
+    bounds = [r.name for r in group.results if r.family == "bound"]
+    chosen = [group.ours_best, group.tf_best, group.roofline, *bounds, *also]
+    names = list(dict.fromkeys(n for n in chosen if n in by_name))
+    bases = [by_name[n].baseline for n in names if by_name[n].baseline]
+    return names + list(dict.fromkeys(b for b in bases if b))
+
+
+def add_confirmation(
+    group: Group,
+    samples: dict[str, list[float]],
+    roofline_time: Callable[[float], float] | None = None,
+) -> None:
+    """Stores the finalists' net times from the confirmation rounds."""
+    medians = {
+        n: _measure.Timing.of(n, _OK, 1, s).median_seconds
+        for n, s in samples.items()
+    }
+    group.confirmed_rounds = max(map(len, samples.values()), default=0)
+    for r in group.results:
+        if r.name in samples:
+            base = medians.get(r.baseline) if r.baseline else 0.0
+            scale = roofline_time if r.family == "roofline" else None
+            group.confirmed[r.name] = _net(medians[r.name], base, scale)
+
+
+_OK = _measure.Prepared(True, None, 0.0, 0.0)

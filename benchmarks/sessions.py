@@ -1,0 +1,243 @@
+"""The child processes' side: build, check and time entries on command.
+
+Every measurement runs in a child process that holds a session:
+
+- "in_graph": replicas on this process's logical CPU devices (one group
+  per process: its memory high-water mark and any crash stay there), or,
+  given a cluster spec, on `tf_crossdevice.cluster` workers that this
+  client drives in one graph (MultiWorkerAllReduce and TF's
+  ReductionToOneDevice);
+- "mwms": one of p processes running `MultiWorkerMirroredStrategy`'s
+  collective all-reduce between-graph (TF_CONFIG set by the parent).
+
+Commands (JSON lines, `processes.py`): load a workload, prepare an entry
+(build, check against numpy, warm up), time n calls of it, unload.
+Command line (internal): `python -m benchmarks.sessions ROLE --parent_pid=N`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from benchmarks import candidates as candidates_lib
+from benchmarks import processes, roofline
+from tf_crossdevice import _measure, testing
+
+INPUTS_BASELINE = "baseline: inputs only"
+FLAT_BASELINE = "baseline: flat buffers only"
+IDLE_BASELINE = "baseline: two workers, no transfer"
+MWMS_BASELINE = "baseline: inputs only (MWMS)"
+ROOFLINE_ADD_N = "roofline: tf.add_n"
+ROOFLINE_ADD_N_PER_CORE = "roofline: tf.add_n per core"
+ROOFLINE_NUMPY = "roofline: numpy"
+ROOFLINE_NUMPY_PER_CORE = "roofline: numpy per core"
+ROOFLINE_GRPC = "roofline: TF gRPC copy worker 0 -> 1"
+PACK_UNPACK_BOUND = "bound: pack + unpack on each device, no transfer or sum"
+Built = tuple[Callable[[], Any], Callable[[], "str | None"]]
+
+
+def _step(body: Callable[[], _measure.Results], check: Any) -> Built:
+    step = _measure.Step(body)
+    return step.timed, lambda: step.verify(check) if check else None
+
+
+class Session:
+    """What a child holds between commands: its inputs and built entries."""
+
+    def __init__(self, setup: dict[str, Any]):
+        self.seed, self.warmup = setup["seed"], setup["warmup"]
+        self.inputs: _measure.Inputs | None = None
+        self.calls: dict[str, Callable[[], Any]] = {}
+        self.closers: list[Callable[[], None]] = []
+
+    def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        cmd = command["cmd"]
+        if cmd in ("load", "unload"):
+            for close in self.closers:
+                close()
+            self.calls, self.closers, self.inputs = {}, [], None
+            if cmd == "load":
+                shapes = [(tuple(s), "float32") for s in command["shapes"]]
+                self.inputs = self.load(shapes)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            return {"peak_rss_bytes": peak}
+        if cmd == "prepare":
+            name, candidate = command["name"], command["candidate"]
+            prepared, call = _measure.prepare(
+                lambda: self.build(name, candidate),
+                self.warmup,
+                command["verifies"],
+            )
+            if call is not None:
+                self.calls[name] = call
+            return dataclasses.asdict(prepared)
+        if cmd == "time":
+            call = self.calls[command["name"]]
+            return {"seconds": _measure.time_calls(call, command["reps"])}
+        raise ValueError(f"command: unknown {cmd!r}")
+
+    def load(self, gradients: Any) -> _measure.Inputs:
+        raise NotImplementedError
+
+    def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
+        raise NotImplementedError
+
+
+class InGraph(Session):
+    """Replicas on local logical CPU devices, or on workers of a cluster."""
+
+    def __init__(self, setup: dict[str, Any]):
+        super().__init__(setup)
+        self.cores = setup.get("cores", 1)
+        if "cluster" in setup:
+            from tf_crossdevice import multi_worker
+
+            self.devices = multi_worker.WorkerReplicas(
+                setup["cluster"], replicas_per_worker=1
+            ).devices
+        else:
+            testing.request_cpu_devices(setup["num_devices"])
+            self.devices = testing.cpu_devices(setup["num_devices"])
+
+    def load(self, gradients: Any) -> _measure.Inputs:
+        return _measure.Inputs(gradients, self.devices, self.seed)
+
+    def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
+        inputs = self.inputs
+        assert inputs is not None
+        (expected,) = inputs.expected_flats.values()
+
+        def flat_check(results: _measure.Results, _: Any) -> str | None:
+            got = np.concatenate([np.asarray(t) for t in results[0]])
+            return _measure.mismatch(got, expected)
+
+        if candidate is not None:
+            c = candidates_lib.Candidate(**candidate)
+            ops = candidates_lib.build(c, inputs.devices)
+            return _step(_measure.all_reduce_body(ops, inputs), inputs.check)
+        if name == INPUTS_BASELINE:
+            body = lambda: [list(v.values) for v in inputs.values()]  # noqa: E731
+            return _step(body, inputs.check_inputs)
+        if name == FLAT_BASELINE:
+            return _step(lambda: [inputs.flats()], None)
+        if name == IDLE_BASELINE:
+            return _step(lambda: [inputs.flats()[:2]], None)
+        if name == PACK_UNPACK_BOUND:
+            return _step(lambda: _pack_unpack(inputs), inputs.check_inputs)
+        if name in (ROOFLINE_ADD_N, ROOFLINE_ADD_N_PER_CORE):
+            pieces = self.cores if name == ROOFLINE_ADD_N_PER_CORE else 1
+            return _step(lambda: _add_n(inputs, pieces), flat_check)
+        if name == ROOFLINE_GRPC:
+            sent = next(iter(inputs.variables[0].values())).numpy()
+
+            def copy() -> _measure.Results:
+                with tf.device(inputs.devices[1]):
+                    return [[tf.identity(inputs.flats()[0])]]
+
+            return _step(
+                copy, lambda r, _: _measure.mismatch(np.asarray(r[0][0]), sent)
+            )
+        if name in (ROOFLINE_NUMPY, ROOFLINE_NUMPY_PER_CORE):
+            arrays = [next(iter(v.values())).numpy() for v in inputs.variables]
+            threads = self.cores if name == ROOFLINE_NUMPY_PER_CORE else 1
+            summer = roofline.NumpySum(arrays, threads)
+            self.closers.append(summer.close)
+
+            def check() -> str | None:
+                summer()
+                return _measure.mismatch(summer.out, expected)
+
+            return summer, check
+        raise ValueError(f"entry: unknown {name!r}")
+
+
+def _add_n(inputs: _measure.Inputs, pieces: int) -> _measure.Results:
+    """n-way sum of the flat buffers, piece c on device c (mod n)."""
+    flats = inputs.flats()
+    sizes = roofline.aligned_pieces(flats[0].shape[0], pieces, 16)
+    split = []
+    for flat, device in zip(flats, inputs.devices, strict=True):
+        with tf.device(device):
+            split.append(tf.split(flat, sizes) if len(sizes) > 1 else [flat])
+    sums = []
+    for c in range(len(sizes)):
+        with tf.device(inputs.devices[c % len(inputs.devices)]):
+            sums.append(tf.add_n([s[c] for s in split]))
+    return [sums]
+
+
+def _pack_unpack(inputs: _measure.Inputs) -> _measure.Results:
+    """Each device concatenates its tensors and splits them back: the
+    packing work of every packing algorithm, without transfer or sum."""
+    per_device = []
+    for i, device in enumerate(inputs.devices):
+        tensors = inputs.tensors(i)
+        with tf.device(device):
+            packed = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
+            sizes = [t.shape.num_elements() for t in tensors]
+            per_device.append(
+                [
+                    tf.reshape(piece, t.shape)
+                    for piece, t in zip(
+                        tf.split(packed, sizes), tensors, strict=True
+                    )
+                ]
+            )
+    return [list(column) for column in zip(*per_device, strict=True)]
+
+
+class Mwms(Session):
+    """One of p MultiWorkerMirroredStrategy processes (replica = task)."""
+
+    def __init__(self, setup: dict[str, Any]):
+        super().__init__(setup)
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        resolver = self.strategy.cluster_resolver
+        self.task = resolver.task_id
+        self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
+
+    def load(self, gradients: Any) -> _measure.Inputs:
+        return _measure.Inputs(
+            gradients,
+            self.strategy.extended.worker_devices[:1],
+            self.seed,
+            first_replica=self.task,
+            total_replicas=self.num_workers,
+        )
+
+    def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
+        inputs = self.inputs
+        assert inputs is not None
+        run = self.strategy.run
+        if name == MWMS_BASELINE:
+            body = lambda: [[t] for t in run(lambda: inputs.tensors(0))]  # noqa: E731
+            return _step(body, inputs.check_inputs)
+        assert candidate is not None
+        kwargs = dict(candidate["kwargs"])
+        implementation = kwargs.pop("implementation", "AUTO")
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=getattr(
+                tf.distribute.experimental.CommunicationImplementation,
+                implementation,
+            ),
+            **kwargs,
+        )
+
+        def replica_fn() -> list[Any]:
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(
+                tf.distribute.ReduceOp.SUM, inputs.tensors(0), options=options
+            )
+
+        return _step(lambda: [[t] for t in run(replica_fn)], inputs.check)
+
+
+if __name__ == "__main__":
+    sys.exit(processes.serve(sys.argv[1:], {"in_graph": InGraph, "mwms": Mwms}))

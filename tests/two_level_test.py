@@ -4,8 +4,8 @@ The registry's 'inner/outer' builders pass the builder contract in
 tests/builders_test.py; this file checks the composition itself.
 
 Several workers are faked with groups of local logical CPUs. The inputs,
-the exactness argument (tolerance zero) and the numpy check are shared with
-tests/shuffle_test.py.
+the exactness argument (tolerance zero) and the numpy check come from
+tests/exact_cases.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tests import traffic_util
-from tests.shuffle_test import CASES, check_sums, problem, random_values
+from tests.exact_cases import CASES, check_sums, problem, random_values
 from tf_crossdevice import testing
 from tf_crossdevice._builders.shuffle import shuffle_all_reduce
 from tf_crossdevice._builders.two_level import (

@@ -30,15 +30,18 @@ adapts a builder that shards natively, `f(tensors, num_shards)`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import tensorflow as tf
 
 from tf_crossdevice._builders import _flat
 
-AllReduceBuilder = Callable[[Sequence[tf.Tensor], int], list[tf.Tensor]]
+AllReduceBuilder: TypeAlias = Callable[
+    [Sequence[tf.Tensor], int], list[tf.Tensor]
+]
 """(tensors, index in the batch) -> sums, the i-th on tensors[i].device."""
 
-BuilderFactory = Callable[[int], AllReduceBuilder]
+BuilderFactory: TypeAlias = Callable[[int], AllReduceBuilder]
 """shards -> the builder; registered under an algorithm name."""
 
 

@@ -28,6 +28,7 @@ ValueError: alg: unknown algorithm 'xrign'; expected one of hierarchical_copy, n
 from __future__ import annotations
 
 import re
+from typing import TypeAlias
 
 from tf_crossdevice._builders import (
     _flat,
@@ -41,8 +42,8 @@ from tf_crossdevice._builders import (
 )
 from tf_crossdevice._schedules import spec as spec_lib
 
-AllReduceBuilder = protocol.AllReduceBuilder
-BuilderFactory = protocol.BuilderFactory
+AllReduceBuilder: TypeAlias = protocol.AllReduceBuilder
+BuilderFactory: TypeAlias = protocol.BuilderFactory
 
 _FACTORIES: dict[str, BuilderFactory] = {
     "hierarchical_copy": hierarchical_copy.builder,

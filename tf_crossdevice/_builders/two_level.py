@@ -28,13 +28,14 @@ a shuffle all-reduce inside and across the workers:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import tensorflow as tf
 
 from tf_crossdevice._builders import _flat, protocol
 from tf_crossdevice._schedules import workers
 
-GroupDevices = Callable[[Sequence[str]], Sequence[Sequence[int]]]
+GroupDevices: TypeAlias = Callable[[Sequence[str]], Sequence[Sequence[int]]]
 
 
 def check_groups(

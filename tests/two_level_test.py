@@ -1,8 +1,11 @@
 """Tests for the two-level (hierarchical) all-reduce builder.
 
+The registry's 'inner/outer' builders pass the builder contract in
+tests/builders_test.py; this file checks the composition itself.
+
 Several workers are faked with groups of local logical CPUs. The inputs,
-the exactness argument (tolerance zero) and the numpy check are shared with
-tests/shuffle_test.py.
+the exactness argument (tolerance zero) and the numpy check come from
+tests/exact_cases.py.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tests import traffic_util
-from tests.shuffle_test import CASES, check_sums, problem, random_values
+from tests.exact_cases import CASES, check_sums, problem, random_values
 from tf_crossdevice import testing
 from tf_crossdevice._builders.shuffle import shuffle_all_reduce
 from tf_crossdevice._builders.two_level import (
@@ -23,7 +26,7 @@ from tf_crossdevice._builders.two_level import (
 )
 
 
-def add_n_all_reduce(tensors):
+def add_n_all_reduce(tensors, index=0):
     """A trivial all-reduce: sum on the first device, copy to the others."""
     with tf.device(tensors[0].device):
         total = tf.add_n(tensors)
@@ -36,7 +39,7 @@ def add_n_all_reduce(tensors):
 
 def shuffle_on_last(num_shards):
     """Shuffle all-reduce gathered on the last input's device."""
-    return lambda ts: shuffle_all_reduce(ts, [ts[-1].device], num_shards)
+    return lambda ts, index: shuffle_all_reduce(ts, [ts[-1].device], num_shards)
 
 
 def interleaved_groups(n, num_workers):
@@ -127,20 +130,20 @@ def test_calls_inner_per_group_and_outer_once_with_representatives():
     calls = []
 
     def recording(name):
-        def all_reduce(ts):
-            calls.append((name, [t.device for t in ts]))
+        def all_reduce(ts, index):
+            calls.append((name, [t.device for t in ts], index))
             return add_n_all_reduce(ts)
 
         return all_reduce
 
     groups = [[1, 4], [0], [2, 3, 5]]
     sums = two_level_all_reduce(
-        tensors, groups, recording("inner"), recording("outer")
+        tensors, groups, recording("inner"), recording("outer"), index=7
     )
     assert calls == [
-        ("inner", [devices[1], devices[4]]),
-        ("inner", [devices[2], devices[3], devices[5]]),
-        ("outer", [devices[1], devices[0], devices[2]]),
+        ("inner", [devices[1], devices[4]], 7),
+        ("inner", [devices[2], devices[3], devices[5]], 7),
+        ("outer", [devices[1], devices[0], devices[2]], 7),
     ]
     for s, d in zip(sums, devices, strict=True):
         assert s.device == d
@@ -190,7 +193,7 @@ def test_one_tensor_per_worker_crosses_workers(groups, num_shards):
     devices = testing.cpu_devices(n)
     size = 1000 * 4  # float32 bytes per tensor.
 
-    def outer(ts):
+    def outer(ts, index):
         return shuffle_all_reduce(ts, [ts[0].device], num_shards)
 
     graph = traced_graph(
@@ -209,7 +212,7 @@ def test_one_tensor_per_worker_crosses_workers(groups, num_shards):
 
     # A flat shuffle over all devices, for contrast, sends every device's
     # tensor across.
-    flat = traced_graph(devices, lambda ts: outer(ts))
+    flat = traced_graph(devices, lambda ts: outer(ts, 0))
     flat_sent, _ = cross_group_traffic(flat, devices, groups)
     assert flat_sent[1:] == [len(g) * size for g in groups[1:]]
 
@@ -255,11 +258,14 @@ def test_wrong_result_count_raises():
     tensors = [tf.ones([2])] * 4
     with pytest.raises(ValueError, match="inner: an all-reduce must return"):
         two_level_all_reduce(
-            tensors, [[0, 1], [2, 3]], lambda ts: ts[:1], add_n_all_reduce
+            tensors, [[0, 1], [2, 3]], lambda ts, i: ts[:1], add_n_all_reduce
         )
     with pytest.raises(ValueError, match="outer: .* got 2 and returned 3"):
         two_level_all_reduce(
-            tensors, [[0, 1], [2, 3]], add_n_all_reduce, lambda ts: [*ts, ts[0]]
+            tensors,
+            [[0, 1], [2, 3]],
+            add_n_all_reduce,
+            lambda ts, i: [*ts, ts[0]],
         )
 
 

@@ -8,11 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice import _base, _packing
-from tf_crossdevice._builders import hierarchical_copy, nccl
-
-AllReduceFn = Callable[[Sequence[tf.Tensor], int], list[tf.Tensor]]
-
-ALL_REDUCE_ALGORITHMS = ("nccl", "hierarchical_copy")
+from tf_crossdevice._builders import registry
 
 
 def check_non_negative_int(value: Any, argument: str) -> int:
@@ -112,28 +108,17 @@ class ReductionToOneDevice(_base.CrossDeviceOpsBase):
         return [self._reduce_on_one_device(reduce_op, item) for item in items]
 
 
-def _hierarchical_copy(tensors: Sequence[tf.Tensor], index: int):
-    return hierarchical_copy.hierarchical_copy_all_reduce(tensors, index)
-
-
-def _nccl(tensors: Sequence[tf.Tensor], index: int):
-    del index  # NCCL runs every tensor on every device alike.
-    return nccl.nccl_all_reduce(tensors)
-
-
-_BUILDERS: dict[str, AllReduceFn] = {
-    "nccl": _nccl,
-    "hierarchical_copy": _hierarchical_copy,
-}
-
-
 class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
-    """All-reduce with NCCL or hierarchical copy, after optional packing.
+    """All-reduce with one algorithm (TF's: NCCL or hierarchical copy).
+
+    Packs first if asked (see `num_packs` and the small-tensor arguments).
 
     Args:
-        all_reduce_alg: "nccl" or "hierarchical_copy". NCCL runs on distinct
-            GPUs of a CUDA build; elsewhere (CPU devices) it logs one warning
-            and sums on the first device instead.
+        all_reduce_alg: "nccl" or "hierarchical_copy" as in TensorFlow, or
+            any other registered algorithm ("xring", "pscpu/xring", ...; see
+            `SpecAllReduce`), with one shard. NCCL runs on distinct GPUs of
+            a CUDA build; elsewhere (CPU devices) it logs one warning and
+            sums on the first device instead.
         num_packs: if > 0, each dtype's tensors are concatenated and split
             into this many packs before the all-reduce (0: no packing).
         agg_small_grads_max_bytes: with num_packs=0, tensors of at most this
@@ -166,11 +151,9 @@ class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
         agg_small_grads_max_group: int = 10,
     ):
         super().__init__()
-        if all_reduce_alg not in ALL_REDUCE_ALGORITHMS:
-            raise ValueError(
-                f"all_reduce_alg: unknown algorithm {all_reduce_alg!r}; "
-                f"expected one of {', '.join(ALL_REDUCE_ALGORITHMS)}"
-            )
+        self._all_reduce = registry.build(
+            all_reduce_alg, argument="all_reduce_alg"
+        )
         self._all_reduce_alg = all_reduce_alg
         (
             self._num_packs,
@@ -183,7 +166,7 @@ class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
     def _all_reduce_dense(self, batch):
         return packed_all_reduce(
             batch,
-            _BUILDERS[self._all_reduce_alg],
+            self._all_reduce,
             num_packs=self._num_packs,
             agg_small_grads_max_bytes=self._agg_small_grads_max_bytes,
             agg_small_grads_max_group=self._agg_small_grads_max_group,
@@ -192,7 +175,7 @@ class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
 
 def packed_all_reduce(
     batch: Sequence[Sequence[tf.Tensor]],
-    all_reduce: AllReduceFn,
+    all_reduce: registry.AllReduceBuilder,
     *,
     num_packs: int,
     agg_small_grads_max_bytes: int,
@@ -230,7 +213,7 @@ def packed_all_reduce(
 
 def _pack_and_all_reduce(
     batch: Sequence[Sequence[tf.Tensor]],
-    all_reduce: AllReduceFn,
+    all_reduce: registry.AllReduceBuilder,
     *,
     num_packs: int,
     agg_small_grads_max_bytes: int,

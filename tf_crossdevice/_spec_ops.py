@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice import _base, _ops
-from tf_crossdevice._builders import by_spec
+from tf_crossdevice._builders import registry
 from tf_crossdevice._schedules import spec as spec_lib
 
 
@@ -21,8 +21,9 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
 
     Args:
         all_reduce_spec: which algorithm reduces which tensor sizes. One of
-            - a name: nccl, nccl/xring, nccl/rechd, nccl/pscpu, xring, rechd,
-              pscpu, psgpu, pscpu/pscpu;
+            - a name: xring, rechd, pscpu, psgpu, nccl, hierarchical_copy
+              (the registry's names), or 'inner/outer' for any two of them
+              (TF 1 had nccl/xring, nccl/rechd, nccl/pscpu, pscpu/pscpu);
             - a tuple `(alg, shards, limit)` of 1 to 3 elements;
             - a list of such tuples whose limits increase and end with -1;
             - the tf_cnn_benchmarks grammar: `alg#shards`, `alg/alg`, and
@@ -67,7 +68,12 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
         agg_small_grads_max_group: int = 10,
     ):
         super().__init__()
-        self._spec = spec_lib.parse_all_reduce_spec(all_reduce_spec)
+        self._spec = spec_lib.parse_all_reduce_spec(
+            all_reduce_spec, registry.algorithm_names()
+        )
+        self._builders = {
+            r: registry.build(r.alg, r.shards) for r in self._spec
+        }
         (
             self._num_packs,
             self._agg_small_grads_max_bytes,
@@ -93,9 +99,8 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
     def _reduce_pack(
         self, tensors: Sequence[tf.Tensor], index: int
     ) -> list[tf.Tensor]:
-        del index
         chosen = spec_lib.select_range(self._spec, size_in_bytes(tensors[0]))
-        return by_spec.spec_all_reduce(tensors, chosen.alg, chosen.shards)
+        return self._builders[chosen](tensors, index)
 
 
 def size_in_bytes(tensor: tf.Tensor) -> int:

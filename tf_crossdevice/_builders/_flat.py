@@ -38,14 +38,33 @@ SUPPORTED_DTYPES = frozenset(
 )
 
 
+def check_shards(value: object, argument: str = "num_shards") -> int:
+    """Returns `value` if it is a positive int; else raises ValueError.
+
+    >>> check_shards(0, "shards")
+    Traceback (most recent call last):
+    ...
+    ValueError: shards: expected a positive integer, got 0
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{argument}: expected a positive integer, got {value!r}"
+        )
+    return value
+
+
 def check_inputs(
-    tensors: Sequence[tf.Tensor], num_shards: int
+    tensors: Sequence[tf.Tensor],
+    num_shards: int,
+    dtypes: frozenset[tf.DType] | None = SUPPORTED_DTYPES,
 ) -> list[tf.Tensor]:
     """Validates a builder's arguments.
 
     Args:
         tensors: one dense tensor per device.
         num_shards: number of independent parallel instances.
+        dtypes: the dtypes the builder supports; None means any integer,
+            floating-point or complex dtype.
 
     Returns:
         `tensors` as a list.
@@ -54,7 +73,7 @@ def check_inputs(
         ValueError: `tensors` is empty, the shapes are incompatible, or
             `num_shards` is not a positive integer.
         TypeError: an element is not a dense `tf.Tensor`, the dtypes differ,
-            or the dtype is not in `SUPPORTED_DTYPES`.
+            or the dtype is not in `dtypes`.
 
     Example:
 
@@ -63,14 +82,7 @@ def check_inputs(
     ...
     ValueError: num_shards: expected a positive integer, got 0
     """
-    if (
-        isinstance(num_shards, bool)
-        or not isinstance(num_shards, int)
-        or num_shards < 1
-    ):
-        raise ValueError(
-            f"num_shards: expected a positive integer, got {num_shards!r}"
-        )
+    check_shards(num_shards)
     tensors = list(tensors)
     if not tensors:
         raise ValueError(
@@ -83,8 +95,14 @@ def check_inputs(
                 f"{type(t).__name__}"
             )
     dtype, shape = tensors[0].dtype, tensors[0].shape
-    if dtype not in SUPPORTED_DTYPES:
-        allowed = ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
+    if dtypes is None:
+        if not (dtype.is_integer or dtype.is_floating or dtype.is_complex):
+            raise TypeError(
+                f"tensors: dtype {dtype.name} is not supported; expected an "
+                "integer, floating-point or complex dtype"
+            )
+    elif dtype not in dtypes:
+        allowed = ", ".join(sorted(d.name for d in dtypes))
         raise TypeError(
             f"tensors: dtype {dtype.name} is not supported; expected one of "
             f"{allowed}"

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_crossdevice._builders import _flat
+from tf_crossdevice._builders import _flat, protocol
 from tf_crossdevice._schedules import halving_doubling as hd
 
 
@@ -113,3 +113,8 @@ def halving_doubling_all_reduce(
                 run(step, offset, add=False)
             run(hd.fold_out(order), offset, add=False)
         return [_flat.join_flat(chunks[i], like=tensors[i]) for i in range(n)]
+
+
+def builder(shards: int = 1) -> protocol.AllReduceBuilder:
+    """The registry's factory: `shards` independent halving-doublings."""
+    return protocol.bind_shards(halving_doubling_all_reduce, shards)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tf_crossdevice._builders import protocol
 from tf_crossdevice._builders import reduction_to_one_device as one_device
 from tf_crossdevice._schedules import hierarchical_copy as schedule
 
@@ -59,3 +60,9 @@ def hierarchical_copy_all_reduce(
         with tf.device(device):
             results.append(tf.identity(roots[plan.root_of(i)]))
     return results
+
+
+def builder(shards: int = 1) -> protocol.AllReduceBuilder:
+    """The registry's factory: one hierarchical copy per shard; shard `s`
+    of value `k` rotates the main device to `k * shards + s`."""
+    return protocol.shard_wise(hierarchical_copy_all_reduce, shards)

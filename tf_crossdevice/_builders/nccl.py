@@ -15,6 +15,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_crossdevice import _tf_internal
+from tf_crossdevice._builders import protocol
 from tf_crossdevice._builders import reduction_to_one_device as one_device
 from tf_crossdevice._schedules import workers
 
@@ -73,6 +74,16 @@ def nccl_all_reduce(tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         # at a time would wait forever for the others.
         return list(_eager_nccl_all_sum()(list(tensors)))
     return list(_tf_internal.nccl_all_sum(list(tensors)))
+
+
+def builder(shards: int = 1) -> protocol.AllReduceBuilder:
+    """The registry's factory: `shards` independent NCCL all-reduces."""
+
+    def nccl(tensors: Sequence[tf.Tensor], index: int) -> list[tf.Tensor]:
+        del index  # NCCL reduces every value alike.
+        return nccl_all_reduce(tensors)
+
+    return protocol.shard_wise(nccl, shards)
 
 
 _EAGER_NCCL: list = []

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_crossdevice._builders import _flat
+from tf_crossdevice._builders import _flat, protocol
 from tf_crossdevice._schedules import ring
 
 
@@ -92,3 +92,8 @@ def ring_all_reduce(
             for step in ring.all_gather_steps(order):
                 run(step, shard * n, add=False)
         return [_flat.join_flat(chunks[i], like=tensors[i]) for i in range(n)]
+
+
+def builder(shards: int = 1) -> protocol.AllReduceBuilder:
+    """The registry's factory: `ring_all_reduce` with `shards` rings."""
+    return protocol.bind_shards(ring_all_reduce, shards)

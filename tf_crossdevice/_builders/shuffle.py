@@ -1,12 +1,14 @@
 """Shuffle all-reduce: gather shards on a few devices, sum, scatter back.
 
 TensorFlow 1 called it `pscpu` when the gather devices are the workers' CPUs
-and `psgpu` when they are the workers' GPUs; the caller picks
-`gather_devices`, this builder does the rest. Each device sends its tensor
-(S bytes, in shards) to the gather devices and receives the S-byte sum
-back; gather device k receives n·S_k and sends n·S_k, where S_k is the size
-of the shards it owns. It suits few devices or a fast host link; for many
-devices prefer a ring.
+and `psgpu` when they are the workers' GPUs: `pscpu_builder` gathers on each
+worker's host CPU, `psgpu_builder` on the replicas' own devices (on logical
+CPU devices that spreads the shards over the replica CPUs).
+
+Each device sends its tensor (S bytes, in shards) to the gather devices and
+receives the S-byte sum back; gather device k receives n·S_k and sends
+n·S_k, where S_k is the size of the shards it owns. It suits few devices or
+a fast host link; for many devices prefer a ring.
 
 Example on 4 logical CPUs, summed on a fifth (`pscpu` style):
 
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_crossdevice._builders import _flat
+from tf_crossdevice._builders import _flat, protocol
 from tf_crossdevice._schedules import shuffle as shuffle_schedule
 
 
@@ -153,3 +155,41 @@ def shuffle_all_reduce(
             shape = t.shape if t.shape.is_fully_defined() else tf.shape(t)
             outputs.append(tf.reshape(flat, shape))
     return outputs
+
+
+def worker_cpu(device: str) -> str:
+    """The host CPU of the worker that holds `device`.
+
+    >>> worker_cpu("/job:worker/replica:0/task:1/device:GPU:3")
+    '/job:worker/replica:0/task:1/device:CPU:0'
+    >>> worker_cpu("")
+    '/device:CPU:0'
+    """
+    if not device:
+        return "/device:CPU:0"
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.replace(device_type="CPU", device_index=0).to_string()
+
+
+def _distinct(devices) -> list[str]:
+    return list(dict.fromkeys(devices))
+
+
+def pscpu_builder(shards: int = 1) -> protocol.AllReduceBuilder:
+    """The registry's "pscpu": gathers on the workers' host CPUs."""
+
+    def pscpu(tensors: Sequence[tf.Tensor], num_shards: int):
+        cpus = _distinct(worker_cpu(t.device) for t in tensors)
+        return shuffle_all_reduce(tensors, cpus, num_shards)
+
+    return protocol.bind_shards(pscpu, shards)
+
+
+def psgpu_builder(shards: int = 1) -> protocol.AllReduceBuilder:
+    """The registry's "psgpu": gathers on the replicas' own devices."""
+
+    def psgpu(tensors: Sequence[tf.Tensor], num_shards: int):
+        devices = _distinct(t.device for t in tensors)
+        return shuffle_all_reduce(tensors, devices, num_shards)
+
+    return protocol.bind_shards(psgpu, shards)

@@ -18,7 +18,7 @@ a shuffle all-reduce inside and across the workers:
 >>> for i, d in enumerate(cpus):
 ...     with tf.device(d):
 ...         tensors.append(tf.fill([2], float(i + 1)))
->>> def pscpu(ts):
+>>> def pscpu(ts, index):
 ...     return shuffle_all_reduce(ts, [ts[0].device])
 >>> sums = two_level_all_reduce(tensors, [[0, 1], [2, 3]], pscpu, pscpu)
 >>> [s.numpy().tolist() for s in sums]
@@ -28,12 +28,14 @@ a shuffle all-reduce inside and across the workers:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import tensorflow as tf
 
-from tf_crossdevice._builders import _flat
+from tf_crossdevice._builders import _flat, protocol
+from tf_crossdevice._schedules import workers
 
-AllReduce = Callable[[list[tf.Tensor]], Sequence[tf.Tensor]]
+GroupDevices: TypeAlias = Callable[[Sequence[str]], Sequence[Sequence[int]]]
 
 
 def check_groups(
@@ -103,8 +105,13 @@ def check_groups(
     return result
 
 
-def _call(name: str, all_reduce: AllReduce, tensors: list[tf.Tensor]):
-    results = list(all_reduce(tensors))
+def _call(
+    name: str,
+    all_reduce: protocol.AllReduceBuilder,
+    tensors: list[tf.Tensor],
+    index: int,
+):
+    results = list(all_reduce(tensors, index))
     if len(results) != len(tensors):
         raise ValueError(
             f"{name}: an all-reduce must return one tensor per input; it got "
@@ -118,8 +125,9 @@ def _call(name: str, all_reduce: AllReduce, tensors: list[tf.Tensor]):
 def two_level_all_reduce(
     tensors: Sequence[tf.Tensor],
     groups: Sequence[Sequence[int]],
-    inner: AllReduce,
-    outer: AllReduce,
+    inner: protocol.AllReduceBuilder,
+    outer: protocol.AllReduceBuilder,
+    index: int = 0,
 ) -> list[tf.Tensor]:
     """Sums `tensors` with `inner` inside each group and `outer` across them.
 
@@ -137,9 +145,11 @@ def two_level_all_reduce(
             `tf_crossdevice._schedules.workers.group_by_worker`; every
             position in exactly one group. Tests pass fake groups of local
             devices.
-        inner: an all-reduce within a worker: takes a list of tensors and
-            returns their sums, the i-th on the i-th input's device.
-        outer: an all-reduce across workers, with the same contract.
+        inner: the builder within a worker (see `protocol`): takes a list
+            of tensors and the index, returns their sums, the i-th on the
+            i-th input's device.
+        outer: the builder across workers, with the same contract.
+        index: the value's index in its batch, passed to both.
 
     Returns:
         The sums: element i is on `tensors[i].device` with the shape and
@@ -166,7 +176,7 @@ def two_level_all_reduce(
     inner_sums = list(tensors)
     for group in groups:
         if len(group) > 1:
-            sums = _call("inner", inner, [tensors[i] for i in group])
+            sums = _call("inner", inner, [tensors[i] for i in group], index)
             for i, s in zip(group, sums, strict=True):
                 inner_sums[i] = s
     if len(groups) == 1:
@@ -176,7 +186,7 @@ def two_level_all_reduce(
         return inner_sums
 
     representatives = [inner_sums[group[0]] for group in groups]
-    global_sums = _call("outer", outer, representatives)
+    global_sums = _call("outer", outer, representatives, index)
     outputs = list(inner_sums)
     for group, global_sum in zip(groups, global_sums, strict=True):
         outputs[group[0]] = global_sum
@@ -184,3 +194,27 @@ def two_level_all_reduce(
             with tf.device(tensors[i].device):
                 outputs[i] = tf.identity(global_sum)
     return outputs
+
+
+def builder(
+    inner: protocol.AllReduceBuilder,
+    outer: protocol.AllReduceBuilder,
+    group_devices: GroupDevices | None = None,
+) -> protocol.AllReduceBuilder:
+    """The two-level builder the registry makes for 'inner/outer' names.
+
+    Args:
+        inner: the builder within each worker.
+        outer: the builder across one representative per worker.
+        group_devices: the tensors' devices -> positions per worker; default
+            `workers.group_by_worker` (by job, replica and task). Tests pass
+            fake workers made of local devices.
+    """
+    grouping = group_devices or workers.group_by_worker
+
+    def two_level(tensors: Sequence[tf.Tensor], index: int) -> list[tf.Tensor]:
+        tensors = _flat.check_inputs(tensors, num_shards=1)
+        groups = grouping([t.device for t in tensors])
+        return two_level_all_reduce(tensors, groups, inner, outer, index)
+
+    return two_level

@@ -2,7 +2,7 @@
 
 Pure Python; no TensorFlow.
 
-A spec is a list of ranges. Each range names an `Algorithm`, a shard count
+A spec is a list of ranges. Each range names an algorithm, a shard count
 (each packed tensor is split into that many shards, reduced in parallel and
 concatenated again) and a size limit in BYTES. A tensor goes to the first
 range whose limit it does not exceed (`size_in_bytes <= limit`); the last
@@ -29,9 +29,10 @@ Two forms are accepted and mean the same thing:
   the rest with xring.
 
 >>> from tf_crossdevice._schedules import spec
->>> parsed = spec.parse_all_reduce_spec("pscpu:2k:pscpu#2:64k:xring")
+>>> names = {"pscpu", "xring"}  # SpecAllReduce passes the registry's names.
+>>> parsed = spec.parse_all_reduce_spec("pscpu:2k:pscpu#2:64k:xring", names)
 >>> for r in parsed:
-...     print(r.alg.value, r.shards, r.limit)
+...     print(r.alg, r.shards, r.limit)
 pscpu 1 2048
 pscpu 2 65536
 xring 1 -1
@@ -39,104 +40,108 @@ xring 1 -1
 1
 >>> spec.select_range(parsed, 2049).shards
 2
->>> spec.format_all_reduce_spec([("nccl", 2, 1024), ("pscpu/pscpu", 2, -1)])
-'nccl#2:1k:pscpu/pscpu#2'
+>>> spec.format_all_reduce_spec([("xring", 2, 1024), ("pscpu/xring", 2, -1)])
+'xring#2:1k:pscpu/xring#2'
+
+Algorithm names are a closed set that this module does not fix: the caller
+passes the single-level names it knows (the builder registry's), and a name
+is one of them or `inner/outer`, two of them joined by '/': `inner` reduces
+within each worker, `outer` across one device per worker. TensorFlow 1 had
+nccl/xring, nccl/rechd, nccl/pscpu and pscpu/pscpu; any other pair works the
+same way here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import SupportsIndex, TypeAlias
 
 
-class Algorithm(str, enum.Enum):
-    """The all-reduce algorithms an `all_reduce_spec` can name.
+def split_two_level(alg: str) -> tuple[str, str] | None:
+    """Splits a two-level name into (inner, outer); None for one level.
 
-    Names with a '/' are hierarchical: the part before the '/' reduces
-    within each worker, the part after it across workers.
+    >>> split_two_level("nccl/xring")
+    ('nccl', 'xring')
+    >>> split_two_level("xring") is None
+    True
     """
-
-    NCCL = "nccl"
-    NCCL_XRING = "nccl/xring"
-    NCCL_RECHD = "nccl/rechd"
-    NCCL_PSCPU = "nccl/pscpu"
-    XRING = "xring"
-    RECHD = "rechd"
-    PSCPU = "pscpu"
-    PSGPU = "psgpu"
-    PSCPU_PSCPU = "pscpu/pscpu"
+    inner, slash, outer = alg.partition("/")
+    return (inner, outer) if slash else None
 
 
-_VALID_NAMES = ", ".join(sorted(a.value for a in Algorithm))
-_BY_NAME = {a.value: a for a in Algorithm}
+def describe_algorithms(algorithms: Collection[str]) -> str:
+    """What an algorithm name may be, for error messages.
 
-AlgorithmLike: TypeAlias = Algorithm | str
-
-
-def to_algorithm(alg: AlgorithmLike) -> Algorithm:
-    """Returns the `Algorithm` named by `alg`.
-
-    Args:
-        alg: an `Algorithm` or its name, e.g. "pscpu/pscpu".
-
-    Raises:
-        ValueError: `alg` names no algorithm (the message lists the valid
-            names).
-
-    >>> to_algorithm("nccl/xring")
-    <Algorithm.NCCL_XRING: 'nccl/xring'>
-    """
-    if isinstance(alg, Algorithm):
-        return alg
-    if isinstance(alg, str) and alg in _BY_NAME:
-        return _BY_NAME[alg]
-    raise ValueError(
-        f"alg: unknown algorithm {alg!r}; expected one of {_VALID_NAMES}"
+    >>> describe_algorithms({"xring", "nccl"})
+    "one of nccl, xring, or 'inner/outer' naming two of them (e.g. 'nccl/xring')"
+    """  # noqa: E501
+    names = sorted(algorithms)
+    example = f"{names[0]}/{names[-1]}"
+    return (
+        f"one of {', '.join(names)}, or 'inner/outer' naming two of them "
+        f"(e.g. {example!r})"
     )
 
 
-def is_hierarchical(alg: AlgorithmLike) -> tuple[Algorithm, Algorithm] | None:
-    """Splits a hierarchical algorithm into its (inner, outer) parts.
+def algorithm_problem(
+    alg: object, algorithms: Collection[str]
+) -> tuple[str, int] | None:
+    """Why `alg` names no algorithm, and where in it; None if it does.
 
     Args:
-        alg: an `Algorithm` or its name.
+        alg: a candidate name, e.g. "nccl/xring".
+        algorithms: the known single-level names.
 
     Returns:
-        `(inner, outer)`: `inner` reduces within each worker, `outer` across
-        workers. None if `alg` is not hierarchical.
+        None, or (the problem, the character offset of the bad part).
 
-    Raises:
-        ValueError: `alg` names no algorithm.
-
-    >>> is_hierarchical("nccl/xring")
-    (<Algorithm.NCCL: 'nccl'>, <Algorithm.XRING: 'xring'>)
-    >>> is_hierarchical("xring") is None
-    True
+    >>> algorithm_problem("nccl/xrign", {"nccl", "xring"})
+    ("unknown algorithm 'xrign' (the outer part of 'nccl/xrign')", 5)
     """
-    name = to_algorithm(alg).value
-    if "/" not in name:
-        return None
-    inner, outer = name.split("/")
-    return _BY_NAME[inner], _BY_NAME[outer]
+    if isinstance(alg, str) and alg == "":
+        return "missing algorithm", 0
+    if not isinstance(alg, str):
+        return f"unknown algorithm {alg!r}", 0
+    parts = alg.split("/")
+    if len(parts) == 1:
+        return None if alg in algorithms else (f"unknown algorithm {alg!r}", 0)
+    if len(parts) > 2:
+        return f"unknown algorithm {alg!r} (more than two levels)", 0
+    offset = 0
+    for role, part in zip(("inner", "outer"), parts, strict=True):
+        if part not in algorithms:
+            return (
+                f"unknown algorithm {part!r} (the {role} part of {alg!r})",
+                offset,
+            )
+        offset += len(part) + 1
+    return None
 
 
-def uses_nccl(alg: AlgorithmLike) -> bool:
-    """Whether `alg` (or its inner or outer part) is NCCL.
+def check_algorithm(
+    alg: object, algorithms: Collection[str], argument: str = "alg"
+) -> str:
+    """Returns `alg` if it names an algorithm; else raises ValueError.
 
-    Args:
-        alg: an `Algorithm` or its name.
+    >>> check_algorithm("xrign", {"xring"}, "all_reduce_alg")
+    Traceback (most recent call last):
+    ...
+    ValueError: all_reduce_alg: unknown algorithm 'xrign'; expected one of xring, or 'inner/outer' naming two of them (e.g. 'xring/xring')
+    """  # noqa: E501
+    problem = algorithm_problem(alg, algorithms)
+    if problem is not None:
+        raise ValueError(
+            f"{argument}: {problem[0]}; expected "
+            f"{describe_algorithms(algorithms)}"
+        )
+    assert isinstance(alg, str)
+    return alg
 
-    Raises:
-        ValueError: `alg` names no algorithm.
 
-    >>> uses_nccl("nccl/pscpu"), uses_nccl("pscpu/pscpu")
-    (True, False)
-    """
-    return "nccl" in to_algorithm(alg).value.split("/")
+_NAME = re.compile(r"[^/#:]+(/[^/#:]+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +149,8 @@ class AllReduceSpecTuple:
     """One range of an all_reduce_spec.
 
     Attributes:
-        alg: the algorithm (a name is converted to an `Algorithm`).
+        alg: the algorithm's name, "name" or "inner/outer"; whether the
+            names are known is checked by `parse_all_reduce_spec`.
         shards: how many shards each tensor is split into, at least 1.
         limit: the largest tensor, in bytes, this range takes; -1 for no
             limit.
@@ -153,12 +159,16 @@ class AllReduceSpecTuple:
         ValueError: a field is out of range (see Attributes).
     """
 
-    alg: AlgorithmLike
+    alg: str
     shards: int = 1
     limit: int = -1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "alg", to_algorithm(self.alg))
+        if not isinstance(self.alg, str) or not _NAME.fullmatch(self.alg):
+            raise ValueError(
+                f"alg: expected an algorithm name such as 'xring' or "
+                f"'nccl/xring', got {self.alg!r}"
+            )
         object.__setattr__(self, "shards", _check_shards(self.shards))
         object.__setattr__(self, "limit", _check_limit(self.limit))
 
@@ -213,20 +223,25 @@ _UNITS = {
 }
 
 
-def _to_algorithm_or_bad(name: object) -> Algorithm:
-    if isinstance(name, str) and name == "":
-        raise _SpecError("missing algorithm", f"one of {_VALID_NAMES}")
-    try:
-        return to_algorithm(name)  # type: ignore[arg-type]
-    except ValueError:
+def _known_algorithm(name: object, algorithms: Collection[str] | None) -> str:
+    if algorithms is None:  # Formatting: only the name's form matters.
+        if isinstance(name, str) and _NAME.fullmatch(name):
+            return name
         raise _SpecError(
-            f"unknown algorithm {name!r}", f"one of {_VALID_NAMES}"
-        ) from None
+            f"bad algorithm name {name!r}", "a name such as 'nccl/xring'"
+        )
+    problem = algorithm_problem(name, algorithms)
+    if problem is not None:
+        raise _SpecError(problem[0], describe_algorithms(algorithms))
+    assert isinstance(name, str)
+    return name
 
 
-def _parse_range_string(token: str) -> tuple[Algorithm, int]:
+def _parse_range_string(
+    token: str, algorithms: Collection[str] | None
+) -> tuple[str, int]:
     name, hash_sign, shards = token.partition("#")
-    alg = _to_algorithm_or_bad(name)
+    alg = _known_algorithm(name, algorithms)
     if not hash_sign:
         return alg, 1
     if not _DIGITS.fullmatch(shards) or int(shards) < 1:
@@ -248,7 +263,9 @@ def _parse_size_string(token: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
-def _parse_string(spec: str) -> list[tuple[AllReduceSpecTuple, str]]:
+def _parse_string(
+    spec: str, algorithms: Collection[str] | None
+) -> list[tuple[AllReduceSpecTuple, str]]:
     """Returns each range and where it starts, for error messages."""
     parts = spec.split(":")
     if len(parts) % 2 == 0:
@@ -262,9 +279,12 @@ def _parse_string(spec: str) -> list[tuple[AllReduceSpecTuple, str]]:
     for i in range(0, len(parts), 2):
         where = f"in range {i // 2} (character {offset})"
         try:
-            alg, shards = _parse_range_string(parts[i])
+            alg, shards = _parse_range_string(parts[i], algorithms)
         except _SpecError as e:
-            e.problem = f"{e.problem} {where}"
+            name = parts[i].partition("#")[0]
+            bad = algorithms and algorithm_problem(name, algorithms)
+            at = offset + (bad[1] if bad else 0)
+            e.problem = f"{e.problem} in range {i // 2} (character {at})"
             raise
         offset += len(parts[i]) + 1
         limit = -1
@@ -281,9 +301,11 @@ def _parse_string(spec: str) -> list[tuple[AllReduceSpecTuple, str]]:
     return ranges
 
 
-def _parse_tuple(item: object, where: str) -> AllReduceSpecTuple:
+def _parse_tuple(
+    item: object, where: str, algorithms: Collection[str] | None
+) -> AllReduceSpecTuple:
     if isinstance(item, AllReduceSpecTuple):
-        return item
+        item = (item.alg, item.shards, item.limit)
     if isinstance(item, str):
         item = (item,)
     if not isinstance(item, tuple) or not 1 <= len(item) <= 3:
@@ -292,7 +314,7 @@ def _parse_tuple(item: object, where: str) -> AllReduceSpecTuple:
             "a tuple (alg,), (alg, shards) or (alg, shards, limit)",
         )
     try:
-        alg = _to_algorithm_or_bad(item[0])
+        alg = _known_algorithm(item[0], algorithms)
     except _SpecError as e:
         e.problem = f"{e.problem} {where}"
         raise
@@ -339,7 +361,9 @@ SpecLike: TypeAlias = (
 )
 
 
-def parse_all_reduce_spec(spec: SpecLike) -> tuple[AllReduceSpecTuple, ...]:
+def parse_all_reduce_spec(
+    spec: SpecLike, algorithms: Collection[str]
+) -> tuple[AllReduceSpecTuple, ...]:
     """Parses an all_reduce_spec in either form (see the module docstring).
 
     Args:
@@ -347,6 +371,8 @@ def parse_all_reduce_spec(spec: SpecLike) -> tuple[AllReduceSpecTuple, ...]:
             `(alg[, shards[, limit]])`; an `AllReduceSpecTuple`; or a list or
             tuple of these whose limits strictly increase and end with -1.
             Limits are in bytes.
+        algorithms: the known single-level algorithm names; a range's
+            algorithm is one of them or two of them as 'inner/outer'.
 
     Returns:
         One `AllReduceSpecTuple` per range, limits strictly increasing, the
@@ -358,18 +384,26 @@ def parse_all_reduce_spec(spec: SpecLike) -> tuple[AllReduceSpecTuple, ...]:
         ValueError: `spec` is malformed; the message quotes the spec, names
             the bad range and token, and says what is allowed.
 
-    >>> parse_all_reduce_spec("pscpu/pscpu#2")
-    (AllReduceSpecTuple(alg=<Algorithm.PSCPU_PSCPU: 'pscpu/pscpu'>, shards=2, limit=-1),)
-    >>> parse_all_reduce_spec("pscpu:32k:xrign")
+    >>> names = {"nccl", "pscpu", "xring"}
+    >>> parse_all_reduce_spec("pscpu/xring#2", names)
+    (AllReduceSpecTuple(alg='pscpu/xring', shards=2, limit=-1),)
+    >>> parse_all_reduce_spec("pscpu:32k:nccl/xrign", names)
     Traceback (most recent call last):
     ...
-    ValueError: all_reduce_spec 'pscpu:32k:xrign': unknown algorithm 'xrign' in range 1 (character 10); expected one of nccl, nccl/pscpu, nccl/rechd, nccl/xring, pscpu, pscpu/pscpu, psgpu, rechd, xring
+    ValueError: all_reduce_spec 'pscpu:32k:nccl/xrign': unknown algorithm 'xrign' (the outer part of 'nccl/xrign') in range 1 (character 15); expected one of nccl, pscpu, xring, or 'inner/outer' naming two of them (e.g. 'nccl/xring')
     """  # noqa: E501
+    return _parse(spec, algorithms)
+
+
+def _parse(
+    spec: SpecLike, algorithms: Collection[str] | None
+) -> tuple[AllReduceSpecTuple, ...]:
+    """`parse_all_reduce_spec`; None `algorithms` checks names' form only."""
     try:
         if isinstance(spec, str):
-            ranges = _parse_string(spec)
+            ranges = _parse_string(spec, algorithms)
         elif isinstance(spec, AllReduceSpecTuple):
-            ranges = [(spec, "in range 0")]
+            ranges = [(_parse_tuple(spec, "in range 0", algorithms), "")]
         elif isinstance(spec, tuple | list):
             if not spec:
                 raise _SpecError("it is empty", "at least one range")
@@ -378,7 +412,10 @@ def parse_all_reduce_spec(spec: SpecLike) -> tuple[AllReduceSpecTuple, ...]:
             one = isinstance(spec, tuple) and isinstance(spec[0], str)
             items = [spec] if one else list(spec)
             ranges = [
-                (_parse_tuple(item, f"in range {i}"), f"in range {i}")
+                (
+                    _parse_tuple(item, f"in range {i}", algorithms),
+                    f"in range {i}",
+                )
                 for i, item in enumerate(items)
             ]
         else:
@@ -426,8 +463,8 @@ def format_all_reduce_spec(parsed: SpecLike) -> str:
     'pscpu:2k:xring#3'
     """
     pieces = []
-    for r in parse_all_reduce_spec(parsed):
-        alg = to_algorithm(r.alg).value
+    for r in _parse(parsed, None):
+        alg = r.alg
         pieces.append(alg if r.shards == 1 else f"{alg}#{r.shards}")
         if r.limit != -1:
             pieces.append(_format_size(r.limit))
@@ -451,10 +488,11 @@ def select_range(
             range takes it (`parsed` did not come from
             `parse_all_reduce_spec`).
 
-    >>> ranges = parse_all_reduce_spec([("nccl", 2, 1024), ("pscpu/pscpu",)])
-    >>> select_range(ranges, 1024).alg.value
+    >>> ranges = parse_all_reduce_spec(
+    ...     [("nccl", 2, 1024), ("pscpu/pscpu",)], {"nccl", "pscpu"})
+    >>> select_range(ranges, 1024).alg
     'nccl'
-    >>> select_range(ranges, 1025).alg.value
+    >>> select_range(ranges, 1025).alg
     'pscpu/pscpu'
     """
     size = _as_int(size_in_bytes)

@@ -15,7 +15,7 @@ def test_cpu_devices_get_a_packed_configuration():
     devices = tf_crossdevice.testing.cpu_devices(4)
     ops = tf_crossdevice.select_cross_device_ops(devices)
     assert type(ops) is tf_crossdevice.SpecAllReduce
-    assert [r.alg.value for r in ops.all_reduce_spec] == ["pscpu"]
+    assert [r.alg for r in ops.all_reduce_spec] == ["pscpu"]
     assert ops._agg_small_grads_max_bytes == 64 * 1024
     assert ops._agg_small_grads_max_group == 1024
     # Packed means fewer all-reduces than tensors: 50 small tensors go

@@ -237,7 +237,7 @@ def test_reference_typed_tensors_are_reduced_by_their_base_dtype(ops):
 
 def test_spec_takes_terabyte_limits():
     ops = tf_crossdevice.SpecAllReduce("pscpu:1T:xring")
-    assert [(r.alg.value, r.limit) for r in ops.all_reduce_spec] == [
+    assert [(r.alg, r.limit) for r in ops.all_reduce_spec] == [
         ("pscpu", 1024**4),
         ("xring", -1),
     ]

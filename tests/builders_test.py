@@ -218,7 +218,7 @@ def test_group_devices_needs_two_levels():
         ("xring", naive_builder, ValueError, "'xring' is already registered"),
         ("naive2", "not callable", TypeError, "factory: expected a callable"),
     ],
-    ids=repr,
+    ids=["upper_case", "slash", "empty", "taken", "not_callable"],
 )
 def test_register_rejects(name, factory, error, match):
     with pytest.raises(error, match=match):

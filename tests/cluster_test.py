@@ -189,8 +189,13 @@ def test_kill_worker_and_exit_on_exception_free_every_port():
         assert processes[0].poll() is None
         assert _port_open(addresses[0])
         cluster.kill_worker(1)  # Already dead: nothing to do.
-        for bad in (2, -1, True, "0"):
-            with pytest.raises(ValueError, match="task_index"):
+        for bad, error in [
+            (2, ValueError),
+            (-1, ValueError),
+            (True, TypeError),
+            ("0", TypeError),
+        ]:
+            with pytest.raises(error, match="^task_index: expected an int"):
                 cluster.kill_worker(bad)
         raise _BodyError  # __exit__ must still stop worker 0.
     assert [p.returncode is not None for p in processes] == [True, True]
@@ -281,8 +286,6 @@ def test_ports_taken_every_time_raises_after_bounded_attempts(monkeypatch):
     "kwargs, name",
     [
         pytest.param({"num_workers": 0}, "num_workers", id="zero_workers"),
-        pytest.param({"num_workers": True}, "num_workers", id="bool_workers"),
-        pytest.param({"num_workers": 2.0}, "num_workers", id="float_workers"),
         pytest.param({"cpus_per_worker": 0}, "cpus_per_worker", id="zero_cpus"),
         pytest.param({"host": ""}, "host", id="empty_host"),
         pytest.param({"timeout_seconds": 0}, "timeout_seconds", id="no_time"),
@@ -297,6 +300,21 @@ def test_ports_taken_every_time_raises_after_bounded_attempts(monkeypatch):
 def test_bad_arguments_raise_before_starting_anything(kwargs, name):
     kwargs = {"num_workers": 1, **kwargs}
     with pytest.raises(ValueError, match=f"^{name}: "):
+        start_local_cluster(**kwargs)
+    assert _our_workers() == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        pytest.param({"num_workers": True}, "num_workers", id="bool_workers"),
+        pytest.param({"num_workers": 2.0}, "num_workers", id="float_workers"),
+        pytest.param({"timeout_seconds": "9"}, "timeout_seconds", id="str"),
+    ],
+)
+def test_arguments_of_the_wrong_type_raise_type_error(kwargs, name):
+    kwargs = {"num_workers": 1, **kwargs}
+    with pytest.raises(TypeError, match=f"^{name}: expected "):
         start_local_cluster(**kwargs)
     assert _our_workers() == []
 

@@ -142,18 +142,31 @@ def test_rotation_gives_each_rank_the_extra_role_once_over_n_shards():
 
 
 @pytest.mark.parametrize(
-    "call",
+    "call, error, argument",
     [
-        pytest.param(lambda: hd.rank_orders(0), id="zero_devices"),
-        pytest.param(lambda: hd.rank_orders(True), id="bool_devices"),
-        pytest.param(lambda: hd.rank_orders(3, 0), id="zero_shards"),
-        pytest.param(lambda: hd.rank_orders(3, 1.0), id="float_shards"),
-        pytest.param(lambda: hd.num_chunks(-1), id="negative_chunks"),
-        pytest.param(lambda: hd.largest_power_of_two(0), id="zero_power"),
+        pytest.param(
+            lambda: hd.rank_orders(0), ValueError, "num_devices", id="zero"
+        ),
+        pytest.param(
+            lambda: hd.rank_orders(True), TypeError, "num_devices", id="bool"
+        ),
+        pytest.param(
+            lambda: hd.rank_orders(3, 0), ValueError, "num_shards", id="zero_s"
+        ),
+        pytest.param(
+            lambda: hd.rank_orders(3, 1.0), TypeError, "num_shards", id="float"
+        ),
+        pytest.param(
+            lambda: hd.num_chunks(-1), ValueError, "num_devices", id="negative"
+        ),
+        pytest.param(
+            lambda: hd.largest_power_of_two(0), ValueError, "n", id="power"
+        ),
     ],
 )
-def test_rejects_bad_counts(call):
-    with pytest.raises(ValueError, match="expected a positive integer"):
+def test_rejects_bad_counts(call, error, argument):
+    """A count of the wrong type is a TypeError, below 1 a ValueError."""
+    with pytest.raises(error, match=f"^{argument}: expected an int >= 1"):
         call()
 
 

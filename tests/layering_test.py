@@ -1,7 +1,8 @@
 """The layers import only the layers below them (STYLE.md, "Layout").
 
-schedules: pure Python, no TensorFlow; builders: TensorFlow, schedules and
-other builders, never the CrossDeviceOps classes or packing above them.
+schedules and the argument checks (_checks.py): pure Python, no
+TensorFlow; builders: TensorFlow, schedules, checks and other builders,
+never the CrossDeviceOps classes or packing above them.
 """
 
 from __future__ import annotations
@@ -30,16 +31,24 @@ def modules_of(layer):
     return sorted((PACKAGE / layer).glob("*.py"), key=str)
 
 
-@pytest.mark.parametrize("path", modules_of("_schedules"), ids=str)
+# The pure-Python bottom of the package.
+PURE = ("tf_crossdevice._schedules", "tf_crossdevice._checks")
+
+
+@pytest.mark.parametrize(
+    "path", [*modules_of("_schedules"), PACKAGE / "_checks.py"], ids=str
+)
 def test_schedules_import_no_tensorflow_and_nothing_above(path):
     for name in imported_modules(path):
         assert name.split(".")[0] != "tensorflow", name
+        if name == "tf_crossdevice":
+            continue  # `from tf_crossdevice import X` is checked as X.
         if name.startswith("tf_crossdevice"):
-            assert name.startswith("tf_crossdevice._schedules"), name
+            assert name.startswith(PURE), name
 
 
 # What a builder may use from the package, besides other builders.
-BELOW_BUILDERS = ("tf_crossdevice._schedules", "tf_crossdevice._tf_internal")
+BELOW_BUILDERS = (*PURE, "tf_crossdevice._tf_internal")
 
 
 @pytest.mark.parametrize("path", modules_of("_builders"), ids=str)

@@ -101,8 +101,10 @@ def test_odd_shards_use_every_link_in_the_other_direction(n):
     ids=["zero", "negative", "bool", "float", "zero_shards", "str_shards"],
 )
 def test_ring_orders_rejects_bad_counts(kwargs):
+    """A count of the wrong type is a TypeError, below 1 a ValueError."""
     bad = next(k for k, v in kwargs.items() if not (type(v) is int and v > 0))
-    with pytest.raises(ValueError, match=bad):
+    error = ValueError if type(kwargs[bad]) is int else TypeError
+    with pytest.raises(error, match=f"^{bad}: expected an int >= 1"):
         ring.ring_orders(**kwargs)
 
 

@@ -68,18 +68,30 @@ def test_shard_gather_devices(num_shards, num_gather, expected):
 
 
 @pytest.mark.parametrize(
-    "call, message",
+    "call, error, message",
     [
-        (lambda: schedule.shard_sizes(-1, 2), "num_elements: expected an"),
-        (lambda: schedule.shard_sizes(4, 0), "num_shards: expected an"),
-        (lambda: schedule.shard_sizes(4, True), "num_shards"),
-        (lambda: schedule.shard_sizes(4.0, 2), "num_elements"),
-        (lambda: schedule.shard_gather_devices(2, 0), "num_gather_devices"),
+        (
+            lambda: schedule.shard_sizes(-1, 2),
+            ValueError,
+            "num_elements: expected an int >= 0",
+        ),
+        (
+            lambda: schedule.shard_sizes(4, 0),
+            ValueError,
+            "num_shards: expected an int >= 1",
+        ),
+        (lambda: schedule.shard_sizes(4, True), TypeError, "num_shards"),
+        (lambda: schedule.shard_sizes(4.0, 2), TypeError, "num_elements"),
+        (
+            lambda: schedule.shard_gather_devices(2, 0),
+            ValueError,
+            "num_gather_devices",
+        ),
     ],
     ids=["negative_size", "zero_shards", "bool", "float", "zero_gather"],
 )
-def test_schedule_rejects_bad_arguments(call, message):
-    with pytest.raises(ValueError, match=message):
+def test_schedule_rejects_bad_arguments(call, error, message):
+    with pytest.raises(error, match=f"^{message}"):
         call()
 
 
@@ -242,7 +254,7 @@ def _two_tensors():
         (
             lambda: (_two_tensors(), ["/cpu:0"], 0),
             ValueError,
-            "num_shards: expected a positive integer, got 0",
+            "num_shards: expected an int >= 1, got 0",
         ),
         (
             lambda: ([tf.zeros([2]), tf.zeros([3])], ["/cpu:0"]),

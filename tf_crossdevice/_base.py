@@ -31,7 +31,7 @@ from typing import Any, TypeAlias
 
 import tensorflow as tf
 
-from tf_crossdevice import _tf_internal
+from tf_crossdevice import _checks, _tf_internal
 from tf_crossdevice._builders import reduction_to_one_device as one_device
 from tf_crossdevice._schedules import devices as devices_lib
 
@@ -476,8 +476,7 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
     def _gather_implementation(
         self, per_replica_value, destinations, axis, options
     ):
-        if isinstance(axis, bool) or not isinstance(axis, int):
-            raise TypeError(f"axis: expected an int, got {axis!r}")
+        _checks.integer(axis, "axis")
         item = make_item(
             per_replica_value, destinations, "per_replica_value", axis
         )

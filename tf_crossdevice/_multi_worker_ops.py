@@ -7,7 +7,7 @@ from typing import Any
 
 from absl import logging
 
-from tf_crossdevice import _spec_ops
+from tf_crossdevice import _checks, _spec_ops
 from tf_crossdevice._schedules import devices as devices_lib
 
 
@@ -96,17 +96,7 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
             raise ValueError(
                 f"worker_devices: a worker is listed twice in {worker_devices}"
             )
-        if isinstance(num_gpus_per_worker, bool) or not isinstance(
-            num_gpus_per_worker, int
-        ):
-            raise TypeError(
-                "num_gpus_per_worker: expected an int >= 0, got "
-                f"{num_gpus_per_worker!r}"
-            )
-        if num_gpus_per_worker < 0:
-            raise ValueError(
-                f"num_gpus_per_worker: expected >= 0, got {num_gpus_per_worker}"
-            )
+        _checks.non_negative_int(num_gpus_per_worker, "num_gpus_per_worker")
         self._worker_names = tuple(names)
         self._num_gpus_per_worker = num_gpus_per_worker
         self._warned_device_type = False

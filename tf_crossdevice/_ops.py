@@ -7,16 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice import _base, _packing
+from tf_crossdevice import _base, _checks, _packing
 from tf_crossdevice._builders import registry
-
-
-def check_non_negative_int(value: Any, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{argument}: expected an int >= 0, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{argument}: expected an int >= 0, got {value}")
-    return value
 
 
 def check_packing(
@@ -25,11 +17,11 @@ def check_packing(
     agg_small_grads_max_group: Any,
 ) -> tuple[int, int, int]:
     """Validates the packing arguments shared by the all-reduce classes."""
-    num_packs = check_non_negative_int(num_packs, "num_packs")
-    max_bytes = check_non_negative_int(
+    num_packs = _checks.non_negative_int(num_packs, "num_packs")
+    max_bytes = _checks.non_negative_int(
         agg_small_grads_max_bytes, "agg_small_grads_max_bytes"
     )
-    max_group = check_non_negative_int(
+    max_group = _checks.non_negative_int(
         agg_small_grads_max_group, "agg_small_grads_max_group"
     )
     if max_bytes > 0 and max_group < 1:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -44,15 +43,14 @@ import types
 import tensorflow as tf
 from absl import app, flags, logging
 
-from tf_crossdevice import _processes, _worker_main
+from tf_crossdevice import _checks, _processes, _worker_main
+from tf_crossdevice._schedules import devices as devices_lib
 
 _WORKER_MODULE = "tf_crossdevice._worker_main"
 _MAX_START_ATTEMPTS = 3
 _POLL_SECONDS = 0.05
 _STDERR_TAIL_CHARS = 2000
 _DEVICE_TYPES = ("CPU", "GPU")
-# DeviceNameUtils' job name syntax.
-_JOB_NAME_RE = re.compile(r"[a-zA-Z][_a-zA-Z0-9]*")
 
 
 class _PortTakenError(Exception):
@@ -165,9 +163,9 @@ class LocalCluster:
             ValueError: `task_index` is not a valid task index.
         """
         if (
-            isinstance(task_index, bool)
-            or not isinstance(task_index, int)
-            or not 0 <= task_index < self.num_workers
+            not 0
+            <= _checks.integer(task_index, "task_index")
+            < self.num_workers
         ):
             raise ValueError(
                 f"task_index: expected an int in [0, {self.num_workers}), "
@@ -292,20 +290,12 @@ def start_local_cluster(
     >>> [p.returncode is not None for p in cluster.processes]
     [True, True]
     """
-    _check_positive_int("num_workers", num_workers)
-    _check_positive_int("cpus_per_worker", cpus_per_worker)
+    _checks.positive_int(num_workers, "num_workers")
+    _checks.positive_int(cpus_per_worker, "cpus_per_worker")
     if not isinstance(host, str) or not host:
         raise ValueError(f"host: expected a non-empty string, got {host!r}")
-    if (
-        isinstance(timeout_seconds, bool)
-        or not isinstance(timeout_seconds, (int, float))
-        or not timeout_seconds > 0
-    ):
-        raise ValueError(
-            "timeout_seconds: expected a positive number, got "
-            f"{timeout_seconds!r}"
-        )
-    if not isinstance(job_name, str) or not _JOB_NAME_RE.fullmatch(job_name):
+    _checks.positive_number(timeout_seconds, "timeout_seconds")
+    if not devices_lib.is_job_name(job_name):
         raise ValueError(
             "job_name: expected a letter followed by letters, digits or _, "
             f"got {job_name!r}"
@@ -329,11 +319,6 @@ def start_local_cluster(
         f"{_MAX_START_ATTEMPTS} attempts, ports were taken each time:\n"
         + "\n".join(taken)
     )
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
 
 
 def _launch(

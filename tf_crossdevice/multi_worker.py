@@ -45,7 +45,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice import _tf_internal
+from tf_crossdevice import _checks, _tf_internal
 
 _WORKER_RE = re.compile(r"/job:([A-Za-z][\w]*)/replica:(\d+)/task:(\d+)")
 # gRPC's own words for the peer that failed; other task names in a TF error
@@ -108,15 +108,7 @@ class WorkerReplicas:
                 f"job_name: {job_name!r} is not a job of the cluster spec; it "
                 f"has {sorted(cluster_spec.jobs)}"
             )
-        if (
-            isinstance(replicas_per_worker, bool)
-            or not isinstance(replicas_per_worker, int)
-            or replicas_per_worker < 1
-        ):
-            raise ValueError(
-                "replicas_per_worker: expected an int >= 1, got "
-                f"{replicas_per_worker!r}"
-            )
+        _checks.positive_int(replicas_per_worker, "replicas_per_worker")
         if device_type not in ("CPU", "GPU"):
             raise ValueError(
                 f"device_type: expected 'CPU' or 'GPU', got {device_type!r}"

@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice import _tf_internal
+from tf_crossdevice import _checks, _tf_internal
 
 
 def request_cpu_devices(n: int) -> None:
@@ -31,12 +31,12 @@ def request_cpu_devices(n: int) -> None:
         n: how many logical CPU devices the process should have, at least 1.
 
     Raises:
-        ValueError: `n` is not a positive integer.
+        TypeError: `n` is not an int.
+        ValueError: `n` is less than 1.
         RuntimeError: TensorFlow has already initialised with fewer than `n`
             logical CPU devices.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n: expected a positive integer, got {n!r}")
+    _checks.positive_int(n, "n")
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tf_crossdevice import _checks
+
 SUPPORTED_DTYPES = frozenset(
     {
         tf.float16,
@@ -36,21 +38,6 @@ SUPPORTED_DTYPES = frozenset(
         tf.complex128,
     }
 )
-
-
-def check_shards(value: object, argument: str = "num_shards") -> int:
-    """Returns `value` if it is a positive int; else raises ValueError.
-
-    >>> check_shards(0, "shards")
-    Traceback (most recent call last):
-    ...
-    ValueError: shards: expected a positive integer, got 0
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"{argument}: expected a positive integer, got {value!r}"
-        )
-    return value
 
 
 def check_inputs(
@@ -71,18 +58,18 @@ def check_inputs(
 
     Raises:
         ValueError: `tensors` is empty, the shapes are incompatible, or
-            `num_shards` is not a positive integer.
+            `num_shards` is less than 1.
         TypeError: an element is not a dense `tf.Tensor`, the dtypes differ,
-            or the dtype is not in `dtypes`.
+            the dtype is not in `dtypes`, or `num_shards` is not an int.
 
     Example:
 
     >>> check_inputs([tf.zeros([2])], num_shards=0)
     Traceback (most recent call last):
     ...
-    ValueError: num_shards: expected a positive integer, got 0
+    ValueError: num_shards: expected an int >= 1, got 0
     """
-    check_shards(num_shards)
+    _checks.positive_int(num_shards, "num_shards")
     tensors = list(tensors)
     if not tensors:
         raise ValueError(

@@ -34,6 +34,7 @@ from typing import TypeAlias
 
 import tensorflow as tf
 
+from tf_crossdevice import _checks
 from tf_crossdevice._builders import _flat
 
 AllReduceBuilder: TypeAlias = Callable[
@@ -53,9 +54,10 @@ def bind_shards(
     shard natively (ring, rechd, shuffle) and have no use for the index.
 
     Raises:
-        ValueError: `shards` is not a positive integer.
+        TypeError: `shards` is not an int.
+        ValueError: `shards` is less than 1.
     """
-    _flat.check_shards(shards, "shards")
+    _checks.positive_int(shards, "shards")
 
     def all_reduce_with_shards(
         tensors: Sequence[tf.Tensor], index: int
@@ -79,9 +81,10 @@ def shard_wise(all_reduce: AllReduceBuilder, shards: int) -> AllReduceBuilder:
         (any numeric dtype, though) and gives one input back as a copy.
 
     Raises:
-        ValueError: `shards` is not a positive integer.
+        TypeError: `shards` is not an int.
+        ValueError: `shards` is less than 1.
     """
-    _flat.check_shards(shards, "shards")
+    _checks.positive_int(shards, "shards")
 
     def sharded_all_reduce(
         tensors: Sequence[tf.Tensor], index: int

@@ -30,8 +30,8 @@ from __future__ import annotations
 import re
 from typing import TypeAlias
 
+from tf_crossdevice import _checks
 from tf_crossdevice._builders import (
-    _flat,
     halving_doubling,
     hierarchical_copy,
     nccl,
@@ -133,11 +133,12 @@ def build(
         argument: the caller's name for `name`, for error messages.
 
     Raises:
-        ValueError: an unknown name, `shards` not a positive integer, or
+        ValueError: an unknown name, `shards` less than 1, or
             `group_devices` with a single-level name.
+        TypeError: `shards` is not an int.
     """
     check_algorithm(name, argument)
-    _flat.check_shards(shards, "shards")
+    _checks.positive_int(shards, "shards")
     parts = spec_lib.split_two_level(name)
     if parts is None:
         if group_devices is not None:

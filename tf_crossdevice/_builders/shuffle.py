@@ -86,7 +86,7 @@ def shuffle_all_reduce(
             in `_flat.SUPPORTED_DTYPES`, or `gather_devices` is not a
             sequence of strings.
         ValueError: `tensors` or `gather_devices` is empty, shapes differ,
-            or `num_shards` is not a positive integer.
+            or `num_shards` is less than 1 (TypeError if not an int).
     """
     tensors = _flat.check_inputs(tensors, num_shards)
     if isinstance(gather_devices, str) or not isinstance(

@@ -32,6 +32,7 @@ from typing import TypeAlias
 
 import tensorflow as tf
 
+from tf_crossdevice import _checks
 from tf_crossdevice._builders import _flat, protocol
 from tf_crossdevice._schedules import workers
 
@@ -78,12 +79,8 @@ def check_groups(
             )
         if not group:
             raise ValueError(f"groups[{g}] is empty in {groups!r}; {allowed}")
-        for i in group:
-            if isinstance(i, bool) or not isinstance(i, int):
-                raise TypeError(
-                    f"groups[{g}]: expected int positions, got "
-                    f"{type(i).__name__} {i!r}"
-                )
+        for j, i in enumerate(group):
+            _checks.integer(i, f"groups[{g}][{j}]")
             if not 0 <= i < num_tensors:
                 raise ValueError(
                     f"groups: position {i} is out of range in {groups!r}; "

@@ -46,6 +46,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from tf_crossdevice import _checks
+
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:
@@ -58,12 +60,6 @@ class Transfer:
     src: int
     dst: int
     chunks: range
-
-
-def _check_positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return value
 
 
 def _check_order(order: Sequence[int]) -> tuple[int, ...]:
@@ -83,14 +79,15 @@ def largest_power_of_two(n: int) -> int:
         n: a positive integer.
 
     Raises:
-        ValueError: `n` is not a positive integer.
+        TypeError: `n` is not an int.
+        ValueError: `n` is less than 1.
 
     Example:
 
     >>> [largest_power_of_two(n) for n in (1, 2, 3, 7, 8, 9)]
     [1, 2, 2, 4, 8, 8]
     """
-    return 1 << (_check_positive("n", n).bit_length() - 1)
+    return 1 << (_checks.positive_int(n, "n").bit_length() - 1)
 
 
 def num_chunks(num_devices: int) -> int:
@@ -101,7 +98,9 @@ def num_chunks(num_devices: int) -> int:
     >>> num_chunks(6)
     4
     """
-    return largest_power_of_two(_check_positive("num_devices", num_devices))
+    return largest_power_of_two(
+        _checks.positive_int(num_devices, "num_devices")
+    )
 
 
 def rank_orders(num_devices: int, num_shards: int = 1) -> list[tuple[int, ...]]:
@@ -116,15 +115,16 @@ def rank_orders(num_devices: int, num_shards: int = 1) -> list[tuple[int, ...]]:
         virtual rank `v` to rank `(v + s * r) % n`.
 
     Raises:
-        ValueError: an argument is not a positive integer.
+        TypeError: an argument is not an int.
+        ValueError: an argument is less than 1.
 
     Example:
 
     >>> rank_orders(5, num_shards=3)
     [(0, 1, 2, 3, 4), (1, 2, 3, 4, 0), (2, 3, 4, 0, 1)]
     """
-    n = _check_positive("num_devices", num_devices)
-    _check_positive("num_shards", num_shards)
+    n = _checks.positive_int(num_devices, "num_devices")
+    _checks.positive_int(num_shards, "num_shards")
     extra = n - largest_power_of_two(n)
     return [
         tuple((v + shard * extra) % n for v in range(n))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from tf_crossdevice import _checks
+
 
 @dataclasses.dataclass(frozen=True)
 class HierarchicalCopyPlan:
@@ -48,10 +50,7 @@ def split_groups(num_devices: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     >>> split_groups(3)
     ((0, 1), (2,))
     """
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int):
-        raise TypeError(f"num_devices: expected an int, got {num_devices!r}")
-    if num_devices < 1:
-        raise ValueError(f"num_devices: expected >= 1, got {num_devices}")
+    _checks.positive_int(num_devices, "num_devices")
     half = (num_devices + 1) // 2
     return tuple(range(half)), tuple(range(half, num_devices))
 
@@ -73,10 +72,7 @@ other_group=(0, 1, 2, 3), other_root=1)
 other_root=0)
     """
     first, second = split_groups(num_devices)
-    if isinstance(tensor_index, bool) or not isinstance(tensor_index, int):
-        raise TypeError(f"tensor_index: expected an int, got {tensor_index!r}")
-    if tensor_index < 0:
-        raise ValueError(f"tensor_index: expected >= 0, got {tensor_index}")
+    _checks.non_negative_int(tensor_index, "tensor_index")
     main = tensor_index % num_devices
     main_group, other_group = (
         (first, second) if main in first else (second, first)

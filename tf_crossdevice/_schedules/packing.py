@@ -30,6 +30,8 @@ import enum
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from tf_crossdevice import _checks
+
 
 class TensorInfo(NamedTuple):
     """What a plan needs to know about one tensor (a plain tuple works too).
@@ -76,14 +78,6 @@ class PackingScheme(enum.Enum):
     AGGREGATE_SMALL = "aggregate_small"
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return value
-
-
 def packing_scheme(
     *,
     num_packs: int,
@@ -112,9 +106,13 @@ def packing_scheme(
     ...                agg_small_grads_max_group=10)
     <PackingScheme.CONCAT_AND_SPLIT: 'concat_and_split'>
     """
-    _check_int("num_packs", num_packs, 0)
-    _check_int("agg_small_grads_max_bytes", agg_small_grads_max_bytes, 0)
-    _check_int("agg_small_grads_max_group", agg_small_grads_max_group, 0)
+    _checks.non_negative_int(num_packs, "num_packs")
+    _checks.non_negative_int(
+        agg_small_grads_max_bytes, "agg_small_grads_max_bytes"
+    )
+    _checks.non_negative_int(
+        agg_small_grads_max_group, "agg_small_grads_max_group"
+    )
     if num_packs > 0 and agg_small_grads_max_bytes > 0:
         raise ValueError(
             f"num_packs={num_packs} and agg_small_grads_max_bytes="
@@ -124,7 +122,9 @@ def packing_scheme(
     if num_packs > 0:
         return PackingScheme.CONCAT_AND_SPLIT
     if agg_small_grads_max_bytes > 0:
-        _check_int("agg_small_grads_max_group", agg_small_grads_max_group, 1)
+        _checks.positive_int(
+            agg_small_grads_max_group, "agg_small_grads_max_group"
+        )
         return PackingScheme.AGGREGATE_SMALL
     return PackingScheme.IDENTITY
 
@@ -149,8 +149,8 @@ def split_sizes(total: int, num_pieces: int) -> tuple[int, ...]:
     >>> split_sizes(2, 5)
     (1, 1)
     """
-    _check_int("total", total, 0)
-    _check_int("num_pieces", num_pieces, 1)
+    _checks.non_negative_int(total, "total")
+    _checks.positive_int(num_pieces, "num_pieces")
     count = min(num_pieces, total)
     if count == 0:
         return ()
@@ -161,8 +161,10 @@ def split_sizes(total: int, num_pieces: int) -> tuple[int, ...]:
 def _as_infos(tensors: Sequence[tuple[int, int, str]]) -> list[TensorInfo]:
     infos = [TensorInfo(*info) for info in tensors]
     for i, info in enumerate(infos):
-        _check_int(f"tensors[{i}].num_elements", info.num_elements, 0)
-        _check_int(f"tensors[{i}].itemsize", info.itemsize, 1)
+        _checks.non_negative_int(
+            info.num_elements, f"tensors[{i}].num_elements"
+        )
+        _checks.positive_int(info.itemsize, f"tensors[{i}].itemsize")
     return infos
 
 
@@ -198,7 +200,7 @@ def concat_and_split_plan(
     >>> plan[0].pack_sizes
     (3, 2)
     """
-    _check_int("num_packs", num_packs, 1)
+    _checks.positive_int(num_packs, "num_packs")
     infos = _as_infos(tensors)
     plan = []
     for positions in _positions_by_dtype(infos).values():
@@ -243,8 +245,8 @@ def small_tensor_plan(
     (0, 2) True
     (1,) False
     """
-    _check_int("max_bytes", max_bytes, 1)
-    _check_int("max_group", max_group, 1)
+    _checks.positive_int(max_bytes, "max_bytes")
+    _checks.positive_int(max_group, "max_group")
     infos = _as_infos(tensors)
     small = [info.num_elements * info.itemsize <= max_bytes for info in infos]
     runs = [[i] for i, is_small in enumerate(small) if not is_small]

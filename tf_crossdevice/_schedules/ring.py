@@ -34,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from tf_crossdevice import _checks
+
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:
@@ -46,12 +48,6 @@ class Transfer:
     src: int
     dst: int
     chunk: int
-
-
-def _check_positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return value
 
 
 def ring_orders(num_devices: int, num_shards: int = 1) -> list[tuple[int, ...]]:
@@ -71,15 +67,16 @@ def ring_orders(num_devices: int, num_shards: int = 1) -> list[tuple[int, ...]]:
         `num_shards` tuples, each a permutation of `range(num_devices)`.
 
     Raises:
-        ValueError: an argument is not a positive integer.
+        TypeError: an argument is not an int.
+        ValueError: an argument is out of range.
 
     Example:
 
     >>> ring_orders(3, num_shards=4)
     [(0, 1, 2), (0, 2, 1), (1, 2, 0), (1, 0, 2)]
     """
-    n = _check_positive("num_devices", num_devices)
-    _check_positive("num_shards", num_shards)
+    n = _checks.positive_int(num_devices, "num_devices")
+    _checks.positive_int(num_shards, "num_shards")
     orders = []
     for shard in range(num_shards):
         start = (shard // 2) % n

@@ -17,13 +17,7 @@ are left out.
 
 from __future__ import annotations
 
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{name}: expected an integer >= {minimum}, got {value!r}"
-        )
-    return value
+from tf_crossdevice import _checks
 
 
 def shard_sizes(num_elements: int, num_shards: int) -> list[int]:
@@ -45,8 +39,8 @@ def shard_sizes(num_elements: int, num_shards: int) -> list[int]:
     >>> shard_sizes(2, 3)
     [1, 1, 0]
     """
-    _check_int("num_elements", num_elements, 0)
-    _check_int("num_shards", num_shards, 1)
+    _checks.non_negative_int(num_elements, "num_elements")
+    _checks.positive_int(num_shards, "num_shards")
     base, extra = divmod(num_elements, num_shards)
     return [base + 1] * extra + [base] * (num_shards - extra)
 
@@ -62,11 +56,12 @@ def shard_gather_devices(num_shards: int, num_gather_devices: int) -> list[int]:
         For each shard, the position of its gather device.
 
     Raises:
-        ValueError: an argument is not a positive integer.
+        TypeError: an argument is not an int.
+        ValueError: an argument is out of range.
 
     >>> shard_gather_devices(3, 2)
     [0, 1, 0]
     """
-    _check_int("num_shards", num_shards, 1)
-    _check_int("num_gather_devices", num_gather_devices, 1)
+    _checks.positive_int(num_shards, "num_shards")
+    _checks.positive_int(num_gather_devices, "num_gather_devices")
     return [j % num_gather_devices for j in range(num_shards)]

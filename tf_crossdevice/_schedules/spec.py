@@ -54,10 +54,11 @@ same way here.
 from __future__ import annotations
 
 import dataclasses
-import operator
 import re
 from collections.abc import Collection, Sequence
-from typing import SupportsIndex, TypeAlias
+from typing import TypeAlias
+
+from tf_crossdevice import _checks
 
 
 def split_two_level(alg: str) -> tuple[str, str] | None:
@@ -183,24 +184,20 @@ class _SpecError(Exception):
 
 
 def _as_int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
-        return None
+    """An integer (numpy's too, not a bool) for spec errors; else None."""
     try:
-        return operator.index(value)  # int, numpy integers
+        return _checks.integer(value, "")
     except TypeError:
         return None
 
 
 def _check_shards(value: object) -> int:
-    n = _as_int(value)
-    if n is None or n < 1:
-        raise ValueError(f"shards: expected a positive integer, got {value!r}")
-    return n
+    return _checks.positive_int(value, "shards")
 
 
 def _check_limit(value: object) -> int:
-    n = _as_int(value)
-    if n is None or (n < 1 and n != -1):
+    n = _checks.integer(value, "limit")
+    if n < 1 and n != -1:
         raise ValueError(
             "limit: expected a positive number of bytes or -1 (no limit), "
             f"got {value!r}"
@@ -495,12 +492,7 @@ def select_range(
     >>> select_range(ranges, 1025).alg
     'pscpu/pscpu'
     """
-    size = _as_int(size_in_bytes)
-    if size is None or size < 0:
-        raise ValueError(
-            "size_in_bytes: expected a non-negative integer, got "
-            f"{size_in_bytes!r}"
-        )
+    size = _checks.non_negative_int(size_in_bytes, "size_in_bytes")
     for r in parsed:
         if r.limit == -1 or size <= r.limit:
             return r

@@ -8,7 +8,8 @@ import tensorflow as tf
 from absl import logging
 
 from tf_crossdevice import _base, _ops, _spec_ops, _tf_internal
-from tf_crossdevice._schedules import topology, workers
+from tf_crossdevice._schedules import devices as devices_lib
+from tf_crossdevice._schedules import topology
 
 # Small-tensor packing for CPU devices: the benchmark's best setting.
 _CPU_PACK_BYTES = 64 * 1024
@@ -68,7 +69,8 @@ def select_cross_device_ops(
     canonical = [_base.canonical_device(d, "devices") for d in devices]
     if link_matrix is not None:
         topology.check_link_matrix(link_matrix, len(devices))
-    kinds = {tf.DeviceSpec.from_string(d).device_type for d in canonical}
+    names = [devices_lib.parse_device(d) for d in canonical]
+    kinds = {n.device_type for n in names}
     if kinds != {"GPU"}:
         logging.info(
             "select_cross_device_ops: %s are not all GPUs; using pscpu with "
@@ -81,7 +83,7 @@ def select_cross_device_ops(
             agg_small_grads_max_bytes=_CPU_PACK_BYTES,
             agg_small_grads_max_group=_CPU_PACK_GROUP,
         )
-    if len({workers.worker_of(d) for d in canonical}) > 1:
+    if len({n.worker for n in names}) > 1:
         logging.info(
             "select_cross_device_ops: GPUs of several workers; "
             "hierarchical copy with 1 pack."
@@ -101,7 +103,7 @@ def select_cross_device_ops(
 
 def _local_link_matrix(devices: Sequence[str]) -> list[list[bool]]:
     links = _tf_internal.local_gpu_links()
-    ids = [tf.DeviceSpec.from_string(d).device_index for d in devices]
+    ids = [devices_lib.parse_device(d).device_index for d in devices]
     matrix = [[False] * len(devices) for _ in devices]
     for i, device in enumerate(devices):
         for j, other in enumerate(ids):

@@ -17,7 +17,7 @@ from absl import logging
 from tf_crossdevice import _tf_internal
 from tf_crossdevice._builders import protocol
 from tf_crossdevice._builders import reduction_to_one_device as one_device
-from tf_crossdevice._schedules import workers
+from tf_crossdevice._schedules import devices as devices_lib
 
 
 def nccl_unavailable_reason(devices: Sequence[str]) -> str | None:
@@ -26,13 +26,13 @@ def nccl_unavailable_reason(devices: Sequence[str]) -> str | None:
     >>> nccl_unavailable_reason(["/device:CPU:0", "/device:CPU:1"])
     'devices are not all GPUs: /device:CPU:0, /device:CPU:1'
     """
-    specs = [tf.DeviceSpec.from_string(d) for d in devices]
-    if any((s.device_type or "").upper() != "GPU" for s in specs):
+    names = [devices_lib.parse_device(d) for d in devices]
+    if any(n.device_type != "GPU" for n in names):
         return "devices are not all GPUs: " + ", ".join(devices)
     canonical = [_tf_internal.canonicalize_device(d) for d in devices]
     if len(set(canonical)) != len(canonical):
         return "NCCL needs distinct GPUs, got " + ", ".join(devices)
-    if len({workers.worker_of(d) for d in canonical}) > 1:
+    if len({devices_lib.parse_device(d).worker for d in canonical}) > 1:
         # TF's NCCL ops form their communicator inside one process.
         return "NCCL runs inside one worker, got " + ", ".join(devices)
     info = tf.sysconfig.get_build_info()

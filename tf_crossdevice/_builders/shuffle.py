@@ -25,11 +25,13 @@ Example on 4 logical CPUs, summed on a fifth (`pscpu` style):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import tensorflow as tf
 
 from tf_crossdevice._builders import _flat, protocol
+from tf_crossdevice._schedules import devices as devices_lib
 from tf_crossdevice._schedules import shuffle as shuffle_schedule
 
 
@@ -167,8 +169,10 @@ def worker_cpu(device: str) -> str:
     """
     if not device:
         return "/device:CPU:0"
-    spec = tf.DeviceSpec.from_string(device)
-    return spec.replace(device_type="CPU", device_index=0).to_string()
+    name = devices_lib.parse_device(device)
+    return dataclasses.replace(
+        name, device_type="CPU", device_index=0
+    ).to_string()
 
 
 def _distinct(devices) -> list[str]:

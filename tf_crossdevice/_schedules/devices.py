@@ -58,6 +58,28 @@ class DeviceName:
         """
         return (self.job or LOCAL_JOB, self.replica or 0, self.task or 0)
 
+    def to_string(self) -> str:
+        """The device string of the parts named, in TensorFlow's order.
+
+        >>> DeviceName("worker", 0, 1, "CPU", 0).to_string()
+        '/job:worker/replica:0/task:1/device:CPU:0'
+        >>> DeviceName(device_type="GPU", device_index=1).to_string()
+        '/device:GPU:1'
+        """
+        parts = [
+            f"/{key}:{value}"
+            for key, value in (
+                ("job", self.job),
+                ("replica", self.replica),
+                ("task", self.task),
+            )
+            if value is not None
+        ]
+        if self.device_type is not None:
+            index = "*" if self.device_index is None else self.device_index
+            parts.append(f"/device:{self.device_type}:{index}")
+        return "".join(parts)
+
 
 def is_job_name(name: object) -> bool:
     """Whether `name` is a valid job name ('worker', 'ps', 'chief', ...).

@@ -21,13 +21,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+import json
+import pathlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from benchmarks import candidates as candidates_lib
-from benchmarks import processes, records, roofline, sessions, targets
+from benchmarks import records, roofline, sessions, targets
 from benchmarks import workloads as workloads_lib
-from tf_crossdevice import _measure
+from tf_crossdevice import _measure, _processes, cluster
+
+ChildError = _processes.ChildError
+# The checkout: children run `python -m benchmarks.sessions` from there.
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 ROOFLINE_TCP = "roofline: TCP loopback"
 # (name, family, baseline) of the fixed entries; the first runs in-graph.
@@ -71,17 +77,76 @@ def estimated_peak_bytes(workload: workloads_lib.Workload, n: int) -> int:
     return int(0.6e9 + 5 * n * workload.num_bytes)
 
 
-def _children(role: str, count: int, envs: Any = None) -> processes.ChildGroup:
-    children = [
-        processes.python_module(
-            f"{role} {i}",
-            "benchmarks.sessions",
-            role,
-            **(envs[i] if envs else {}),
-        )
-        for i in range(count)
+class ChildGroup:
+    """Session processes (`sessions.py`) that get every command and answer
+    it once each.
+
+    Args:
+        role: what each child holds ("in_graph" or "mwms").
+        envs: each child's extra environment variables (one per child).
+    """
+
+    def __init__(self, role: str, envs: Sequence[Mapping[str, str]] = ({},)):
+        self.name = role
+        self.dead: str | None = None  # Why it was stopped.
+        self.children = [
+            _processes.start_module(
+                "benchmarks.sessions",
+                f"--role={role}",
+                name=f"{role} {i}",
+                env=env,
+                cwd=_ROOT,
+            )
+            for i, env in enumerate(envs)
+        ]
+
+    def request(self, message: dict[str, Any], timeout: float) -> list[Any]:
+        """Every child's answer to `message`.
+
+        Raises:
+            ChildError: a child failed or was too slow (the group is then
+                stopped for good), or answered with an error.
+        """
+        if self.dead is not None:
+            raise ChildError(f"{self.name} was stopped earlier: {self.dead}")
+        try:
+            for child in self.children:
+                child.send(message)
+            answers = [child.receive(timeout) for child in self.children]
+        except ChildError as e:
+            self.dead = str(e).splitlines()[0][:200]
+            self.stop()
+            raise
+        errors = [a["error"] for a in answers if a.get("error")]
+        if errors:
+            raise ChildError(errors[0])
+        return answers
+
+    def stop(self) -> None:
+        _processes.stop_all(self.children)
+
+    def __enter__(self) -> ChildGroup:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def tf_config_envs(num_workers: int) -> list[dict[str, str]]:
+    """Each task's TF_CONFIG for a cluster on free ports."""
+    addresses = [f"127.0.0.1:{p}" for p in _processes.free_ports(num_workers)]
+    cluster_spec = {"worker": addresses}
+    return [
+        {
+            "TF_CONFIG": json.dumps(
+                {
+                    "cluster": cluster_spec,
+                    "task": {"type": "worker", "index": i},
+                }
+            )
+        }
+        for i in range(num_workers)
     ]
-    return processes.ChildGroup(role, children)
 
 
 def single_process(
@@ -94,10 +159,9 @@ def single_process(
     """Verifies and times `candidates` on `num_devices` logical CPU devices.
 
     Raises:
-        processes.ChildError: the child could not start.
+        ChildError: the child could not start.
     """
-    child = _children("in_graph", 1)
-    try:
+    with ChildGroup("in_graph") as child:
         setup = {"num_devices": num_devices, "cores": config.cores}
         child.request(_setup(config) | setup, config.timeout_seconds)
         fixed = list(SINGLE_PROCESS)
@@ -114,26 +178,23 @@ def single_process(
         ]
         group = records.Group.of("single_process", workload, num_devices)
         return _measure_group(group, workload, entries, config, describe)
-    finally:
-        child.stop()
 
 
 @contextlib.contextmanager
 def _worker_processes(p: int, config: Config) -> Iterator[Any]:
     """(our client, the MWMS processes), set up; stopped on leaving."""
-    with processes.worker_cluster(p) as cluster_spec:
-        client = _children("in_graph", 1)
-        mwms = _children("mwms", p, processes.tf_config_envs(p))
-        try:
-            setup = _setup(config)
-            client.request(
-                setup | {"cluster": cluster_spec}, config.timeout_seconds
-            )
-            mwms.request(setup, config.timeout_seconds)
-            yield client, mwms
-        finally:
-            client.stop()
-            mwms.stop()
+    with (
+        cluster.start_local_cluster(p, cpus_per_worker=1) as workers,
+        ChildGroup("in_graph") as client,
+        ChildGroup("mwms", tf_config_envs(p)) as mwms,
+    ):
+        setup = _setup(config)
+        cluster_spec = workers.cluster_spec.as_dict()
+        client.request(
+            setup | {"cluster": cluster_spec}, config.timeout_seconds
+        )
+        mwms.request(setup, config.timeout_seconds)
+        yield client, mwms
 
 
 def multi_worker(
@@ -146,7 +207,7 @@ def multi_worker(
     """Verifies and times each workload's candidates across workers.
 
     Raises:
-        processes.ChildError: the processes could not be started.
+        ChildError: the processes could not be started.
     """
     describe(f"x{num_workers} workers: starting processes")
     out = []
@@ -192,7 +253,7 @@ def _measure_group(
         try:
             side.request({"cmd": "load", "shapes": workload.shapes}, timeout)
             loaded[side] = None
-        except processes.ChildError as e:
+        except ChildError as e:
             loaded[side] = f"could not load the workload: {e}"
     opened: list[roofline.TcpLoopback] = []
     prepared: dict[str, _measure.Prepared] = {}
@@ -229,14 +290,14 @@ def _measure_group(
         for loopback in opened:
             loopback.close()
     for side in sides:
-        with contextlib.suppress(processes.ChildError):
+        with contextlib.suppress(ChildError):
             answers = side.request({"cmd": "unload"}, timeout)
             group.peak_rss_bytes = max(a["peak_rss_bytes"] for a in answers)
     return group
 
 
 def _prepare(
-    side: processes.ChildGroup,
+    side: ChildGroup,
     name: str,
     candidate: candidates_lib.Candidate | None,
     verifies: bool,
@@ -253,7 +314,7 @@ def _prepare(
         answers = [
             _measure.Prepared(**a) for a in side.request(command, timeout)
         ]
-    except processes.ChildError as e:
+    except ChildError as e:
         return _measure.Prepared(failed, _measure.first_line(str(e)), 0, 0)
     build = max(a.build_seconds for a in answers)
     error = next((a.error for a in answers if a.error), None)
@@ -264,7 +325,7 @@ def _prepare(
 
 
 def _remote_timer(
-    side: processes.ChildGroup, name: str, timeout: float
+    side: ChildGroup, name: str, timeout: float
 ) -> _measure.TimeFn:
     def time_remote(reps: int) -> float:
         message = {"cmd": "time", "name": name, "reps": reps}

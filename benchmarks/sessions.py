@@ -10,25 +10,26 @@ Every measurement runs in a child process that holds a session:
 - "mwms": one of p processes running `MultiWorkerMirroredStrategy`'s
   collective all-reduce between-graph (TF_CONFIG set by the parent).
 
-Commands (JSON lines, `processes.py`): load a workload, prepare an entry
-(build, check against numpy, warm up), time n calls of it, unload.
-Command line (internal): `python -m benchmarks.sessions ROLE --parent_pid=N`.
+Commands (JSON lines, `tf_crossdevice._processes`): the setup, then load a
+workload, prepare an entry (build, check against numpy, warm up), time n
+calls of it, unload. Command line (internal, started by `groups.py`):
+`python -m benchmarks.sessions --role=in_graph|mwms`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import resource
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from absl import app, flags
 
 from benchmarks import candidates as candidates_lib
-from benchmarks import processes, roofline
-from tf_crossdevice import _measure, testing
+from benchmarks import roofline
+from tf_crossdevice import _measure, _processes, testing
 
 INPUTS_BASELINE = "baseline: inputs only"
 FLAT_BASELINE = "baseline: flat buffers only"
@@ -239,5 +240,38 @@ class Mwms(Session):
         return _step(lambda: [[t] for t in run(replica_fn)], inputs.check)
 
 
+ROLES: dict[str, type[Session]] = {"in_graph": InGraph, "mwms": Mwms}
+
+
+def main(argv: list[str]) -> int:
+    """Answers the parent's commands until it closes stdin or goes away.
+
+    The first command is the setup; the session answers every later one.
+    An exception becomes an {"error": ...} answer.
+    """
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _processes.exit_when_parent_goes()
+    role, commands = flags.FLAGS.role, _processes.commands()
+    setup = next(commands, None)
+    if setup is None:  # The parent closed stdin before the setup.
+        return 0
+    try:
+        session = ROLES[role](setup)
+    except Exception as e:  # noqa: BLE001 - sent to the parent.
+        _processes.reply({"error": f"{role} setup: {type(e).__name__}: {e}"})
+        return 1
+    _processes.reply({"ready": True})
+    for command in commands:
+        try:
+            answer = session.handle(command)
+        except Exception as e:  # noqa: BLE001 - sent to the parent.
+            error = f"{type(e).__name__}: {_measure.first_line(str(e))}"
+            answer = {"error": error}
+        _processes.reply(answer)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(processes.serve(sys.argv[1:], {"in_graph": InGraph, "mwms": Mwms}))
+    flags.DEFINE_enum("role", None, list(ROLES), "What to hold.", required=True)
+    app.run(main)

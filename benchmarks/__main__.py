@@ -162,6 +162,13 @@ def _failures(groups: list[Any]) -> list[str]:
     return out
 
 
+def _failed_group(setting: str, w: Any, n: int, e: Exception) -> Any:
+    from benchmarks import records
+
+    error = f"{type(e).__name__}: {e}"  # A row of the table.
+    return records.Group.of(setting, w, n, error=error)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -202,6 +209,7 @@ def main(argv: list[str]) -> int:
         seed=FLAGS.seed,
         cores=os.cpu_count() or 1,
         timeout_seconds=FLAGS.timeout_seconds,
+        max_memory_bytes=int(FLAGS.max_memory_gib * 2**30),
     )
     plan = [
         (w, n, candidates_lib.single_process_candidates(w, FLAGS.quick))
@@ -241,22 +249,12 @@ def main(argv: list[str]) -> int:
             bar.set_postfix_str(text[:70], refresh=True)
 
         for w, n, candidates in plan:
-            need = groups_lib.estimated_peak_bytes(w, n) / 2**30
-            if need > FLAGS.max_memory_gib:
-                skipped = f"needs about {need:.1f} GiB (over --max_memory_gib)"
-                group = records.Group.of(
-                    "single_process", w, n, skipped=skipped
+            try:
+                group = groups_lib.single_process(
+                    w, n, keep(candidates), config, describe
                 )
-            else:
-                try:
-                    group = groups_lib.single_process(
-                        w, n, keep(candidates), config, describe
-                    )
-                except Exception as e:  # noqa: BLE001 - in the table.
-                    error = f"{type(e).__name__}: {e}"
-                    group = records.Group.of(
-                        "single_process", w, n, error=error
-                    )
+            except Exception as e:  # noqa: BLE001 - in the table.
+                group = _failed_group("single_process", w, n, e)
             groups.append(group)
             bar.update(1)
             save_partial()
@@ -266,10 +264,8 @@ def main(argv: list[str]) -> int:
                     across, p, config, candidates_of, describe
                 )
             except Exception as e:  # noqa: BLE001 - in the table.
-                error = f"{type(e).__name__}: {e}"
                 groups += [
-                    records.Group.of("multi_worker", w, p, error=error)
-                    for w in across
+                    _failed_group("multi_worker", w, p, e) for w in across
                 ]
             bar.update(len(across))
             save_partial()

@@ -106,8 +106,7 @@ def group_table(g: Group) -> str:
         f"{_ms(g.ours_best_seconds)} ms ({g.ours_best})",
     ]
     if g.confirmed:
-        ours, tf_best = g.time(g.ours_best), g.time(g.tf_best)
-        roof = g.time(g.roofline)
+        ours, tf_best, roof = map(g.time, (g.ours_best, g.tf_best, g.roofline))
         lines.append(
             f"# confirmed over {g.confirmed_rounds} more rounds: ours best "
             f"{_ms(ours)} ms, TF best {_ms(tf_best)} ms, roofline "
@@ -188,11 +187,7 @@ def markdown_summary(run: Run) -> str:
                 f"{head} {g.error or f'left out: {g.skipped}'} | | | |"
             )
             continue
-        ours, tf_best, roof = (
-            g.time(g.ours_best),
-            g.time(g.tf_best),
-            g.time(g.roofline),
-        )
+        ours, tf_best, roof = map(g.time, (g.ours_best, g.tf_best, g.roofline))
         lines.append(
             f"{head} {(g.tf_best or '-').removeprefix('TF ')} {_ms(tf_best)} "
             f"ms | {(g.ours_best or '-').removeprefix('ours ')} {_ms(ours)} ms"

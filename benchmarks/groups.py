@@ -67,15 +67,6 @@ class Config:
     max_memory_bytes: int = 12 << 30  # single-process groups above: left out
 
 
-def estimated_peak_bytes(workload: workloads_lib.Workload, n: int) -> int:
-    """About a group's peak memory: 0.6 GB + 5 n times the workload's bytes.
-
-    Measured with every candidate on this repository's machine (inputs,
-    results, intermediates, numpy's buffers, what allocators keep).
-    """
-    return int(0.6e9 + 5 * n * workload.num_bytes)
-
-
 class Sessions:
     """Session processes that get every command and answer it once each.
 
@@ -177,17 +168,11 @@ class Sessions:
 
 def tf_config_envs(num_workers: int) -> list[dict[str, str]]:
     """Each task's TF_CONFIG for a cluster on free ports."""
-    addresses = [f"127.0.0.1:{p}" for p in _processes.free_ports(num_workers)]
+    ports = _processes.free_ports(num_workers)
+    spec = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    tasks = [{"type": "worker", "index": i} for i in range(num_workers)]
     return [
-        {
-            "TF_CONFIG": json.dumps(
-                {
-                    "cluster": {"worker": addresses},
-                    "task": {"type": "worker", "index": i},
-                }
-            )
-        }
-        for i in range(num_workers)
+        {"TF_CONFIG": json.dumps({"cluster": spec, "task": t})} for t in tasks
     ]
 
 
@@ -204,7 +189,10 @@ def single_process(
         ChildError: the session could not start.
     """
     group = records.Group.of("single_process", workload, num_devices)
-    need = estimated_peak_bytes(workload, num_devices)
+    # About the peak memory with every candidate, as measured on this
+    # repository's machine (inputs, results, intermediates, numpy's buffers,
+    # what allocators keep).
+    need = 0.6e9 + 5 * num_devices * workload.num_bytes
     if need > config.max_memory_bytes:
         group.skipped = (
             f"needs about {need / 2**30:.1f} GiB (over --max_memory_gib)"

@@ -50,10 +50,18 @@ def _step(body: Callable[[], _measure.Results], check: Any) -> Built:
 
 
 class Session:
-    """What a child holds between commands: its inputs and built entries."""
+    """What a child holds between commands: its inputs and built entries.
+
+    A subclass sets `devices` (its replicas' devices) and, when other
+    processes hold the other replicas, `first_replica` and `total_replicas`.
+    """
+
+    first_replica: int = 0
+    total_replicas: int | None = None
 
     def __init__(self, setup: dict[str, Any]):
         self.seed, self.warmup = setup["seed"], setup["warmup"]
+        self.devices: list[str] = []
         self.inputs: _measure.Inputs | None = None
         self.calls: dict[str, Callable[[], Any]] = {}
         self.closers: list[Callable[[], None]] = []
@@ -65,8 +73,13 @@ class Session:
                 close()
             self.calls, self.closers, self.inputs = {}, [], None
             if cmd == "load":
-                shapes = [(tuple(s), "float32") for s in command["shapes"]]
-                self.inputs = self.load(shapes)
+                self.inputs = _measure.Inputs(
+                    [(tuple(s), "float32") for s in command["shapes"]],
+                    self.devices,
+                    self.seed,
+                    self.first_replica,
+                    self.total_replicas,
+                )
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             return {"peak_rss_bytes": peak}
         if cmd == "prepare":
@@ -83,9 +96,6 @@ class Session:
             call = self.calls[command["name"]]
             return {"seconds": _measure.time_calls(call, command["reps"])}
         raise ValueError(f"command: unknown {cmd!r}")
-
-    def load(self, gradients: Any) -> _measure.Inputs:
-        raise NotImplementedError
 
     def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
         raise NotImplementedError
@@ -106,9 +116,6 @@ class InGraph(Session):
         else:
             testing.request_cpu_devices(setup["num_devices"])
             self.devices = testing.cpu_devices(setup["num_devices"])
-
-    def load(self, gradients: Any) -> _measure.Inputs:
-        return _measure.Inputs(gradients, self.devices, self.seed)
 
     def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
         inputs = self.inputs
@@ -182,14 +189,9 @@ def _pack_unpack(inputs: _measure.Inputs) -> _measure.Results:
         tensors = inputs.tensors(i)
         with tf.device(device):
             packed = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-            sizes = [t.shape.num_elements() for t in tensors]
+            pieces = tf.split(packed, [t.shape.num_elements() for t in tensors])
             per_device.append(
-                [
-                    tf.reshape(piece, t.shape)
-                    for piece, t in zip(
-                        tf.split(packed, sizes), tensors, strict=True
-                    )
-                ]
+                list(map(tf.reshape, pieces, [t.shape for t in tensors]))
             )
     return [list(column) for column in zip(*per_device, strict=True)]
 
@@ -201,17 +203,9 @@ class Mwms(Session):
         super().__init__(setup)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
         resolver = self.strategy.cluster_resolver
-        self.task = resolver.task_id
-        self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
-
-    def load(self, gradients: Any) -> _measure.Inputs:
-        return _measure.Inputs(
-            gradients,
-            self.strategy.extended.worker_devices[:1],
-            self.seed,
-            first_replica=self.task,
-            total_replicas=self.num_workers,
-        )
+        self.devices = list(self.strategy.extended.worker_devices[:1])
+        self.first_replica = resolver.task_id
+        self.total_replicas = len(resolver.cluster_spec().as_dict()["worker"])
 
     def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
         inputs = self.inputs

@@ -154,13 +154,6 @@ def _failures(groups: list[Any]) -> list[str]:
     return out
 
 
-def _failed_group(setting: str, w: Any, n: int, e: Exception) -> Any:
-    from benchmarks import records
-
-    error = f"{type(e).__name__}: {e}"  # A row of the table.
-    return records.Group.of(setting, w, n, error=error)
-
-
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -212,15 +205,17 @@ def main(argv: list[str]) -> int:
         for w in (across if workers else [])
     }
     every = [c for _, _, group in plan for c in group]
+    every += [c for group in across_candidates.values() for c in group]
     try:
-        candidates_lib.check_patterns(
-            every + sum(across_candidates.values(), []), FLAGS.candidates
-        )
+        candidates_lib.check_patterns(every, FLAGS.candidates)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
 
     def keep(group: list[Any]) -> list[Any]:
         return candidates_lib.select(group, FLAGS.candidates)
+
+    def candidates_of(w: Any) -> list[Any]:
+        return keep(across_candidates[w.name])
 
     output = pathlib.Path(FLAGS.output_dir)
     output.mkdir(parents=True, exist_ok=True)
@@ -241,28 +236,15 @@ def main(argv: list[str]) -> int:
             bar.set_postfix_str(text[:70], refresh=True)
 
         for w, n, candidates in plan:
-            try:
-                group = groups_lib.single_process(
-                    w, n, keep(candidates), config, describe
-                )
-            except Exception as e:  # noqa: BLE001 - in the table.
-                group = _failed_group("single_process", w, n, e)
+            chosen = keep(candidates)
+            group = groups_lib.single_process(w, n, chosen, config, describe)
             groups.append(group)
             bar.update(1)
             save_partial()
         for p in workers:
-            try:
-                groups += groups_lib.multi_worker(
-                    across,
-                    p,
-                    config,
-                    lambda w: keep(across_candidates[w.name]),
-                    describe,
-                )
-            except Exception as e:  # noqa: BLE001 - in the table.
-                groups += [
-                    _failed_group("multi_worker", w, p, e) for w in across
-                ]
+            groups += groups_lib.multi_worker(
+                across, p, config, candidates_of, describe
+            )
             bar.update(len(across))
             save_partial()
 

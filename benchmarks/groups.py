@@ -1,17 +1,13 @@
 """Measures groups: one workload on n logical devices or p worker processes.
 
-The benchmark process drives session processes (`sessions.py`) through
-`tf_crossdevice._processes`: each entry is built, checked against numpy and
-warmed up in its session, then every entry is timed once per round, in
-interleaved rounds, and the finalists again (`records.timed_group`).
-
-- One process, n devices: a fresh session per group. Entries: the
-  candidates, the rooflines (`roofline.py`), a bound (packing and unpacking
-  alone) and two baselines: "inputs only" (subtracted from the candidates)
-  and "flat buffers only" (from the TF rooflines).
-- p workers, one CPU replica each: our client driving
-  `tf_crossdevice.cluster` workers in one graph, and p
-  MultiWorkerMirroredStrategy processes holding the same values.
+Each entry is built, checked against numpy and warmed up in the session
+process that holds it (`sessions.py`), then every entry is timed once per
+round, in interleaved rounds, and the finalists again
+(`records.timed_group`). One process, n devices: a fresh session per group
+runs the candidates, the rooflines (`roofline.py`), a bound (packing and
+unpacking alone) and the baselines. p workers, one CPU replica each: a
+session drives `tf_crossdevice.cluster` workers in one graph, and p
+MultiWorkerMirroredStrategy sessions hold the same values.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ import dataclasses
 import functools
 import json
 import pathlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from benchmarks import candidates as candidates_lib
@@ -68,16 +64,11 @@ class Config:
 
 
 class Sessions:
-    """Session processes that get every command and answer it once each.
+    """`sessions.py` processes that get every command and answer it once each.
 
-    Args:
-        role: what each one holds ("in_graph" or "mwms").
-        setup: its first command (`Config`'s seed and warmup are added).
-        config: the timeout.
-        envs: each one's extra environment variables.
-
-    Raises:
-        ChildError: a session could not start or set up.
+    One per entry of `envs` (its extra environment variables), each holding
+    `role` ("in_graph" or "mwms"), set up with `setup` and `config`'s seed
+    and warmup (ChildError if a session cannot start or set up).
     """
 
     def __init__(
@@ -185,8 +176,7 @@ def single_process(
 ) -> records.Group:
     """Verifies and times `candidates` on `num_devices` logical CPU devices.
 
-    Raises:
-        ChildError: the session could not start.
+    A group that could not be measured says why (`error`, `skipped`).
     """
     group = records.Group.of("single_process", workload, num_devices)
     # About the peak memory with every candidate, as measured on this
@@ -199,13 +189,14 @@ def single_process(
         )
         return group
     setup = {"num_devices": num_devices, "cores": config.cores}
-    with Sessions("in_graph", setup, config) as session:
+    with _failing_in([group]), Sessions("in_graph", setup, config) as session:
         fixed = SINGLE_PROCESS + (PACK_UNPACK,) * (workload.num_tensors > 1)
         entries = [(*e, session, None) for e in fixed] + [
             (c.name, c.family, sessions.INPUTS_BASELINE, session, c)
             for c in candidates
         ]
-        return _measure_group(group, workload, entries, config, describe)
+        _measure_group(group, workload, entries, config, describe)
+    return group
 
 
 def multi_worker(
@@ -217,19 +208,26 @@ def multi_worker(
 ) -> list[records.Group]:
     """Verifies and times each workload's candidates across workers.
 
-    Raises:
-        ChildError: the processes could not be started.
+    Groups that could not be measured say why (`error`).
     """
     describe(f"x{num_workers} workers: starting processes")
-    out = []
+    note = (
+        "rooflines time a one-way copy of the workload's bytes; roofline "
+        "time = that * 2(p-1)/p, a ring's bytes per worker"
+    )
+    out = [
+        records.Group.of("multi_worker", w, num_workers, note=note)
+        for w in workloads
+    ]
     with (
+        _failing_in(out),
         cluster.start_local_cluster(num_workers, cpus_per_worker=1) as workers,
         Sessions(
             "in_graph", {"cluster": workers.cluster_spec.as_dict()}, config
         ) as client,
         Sessions("mwms", {}, config, tf_config_envs(num_workers)) as mwms,
     ):
-        for w in workloads:
+        for group, w in zip(out, workloads, strict=True):
             on = {sessions.MWMS_BASELINE: mwms, ROOFLINE_TCP: None}
             entries = [(*e, on.get(e[0], client), None) for e in MULTI_WORKER]
             for c in candidates_of(w):
@@ -237,15 +235,19 @@ def multi_worker(
                 if c.kind == "mwms":
                     baseline, side = sessions.MWMS_BASELINE, mwms
                 entries.append((c.name, c.family, baseline, side, c))
-            group = records.Group.of(
-                "multi_worker",
-                w,
-                num_workers,
-                note="rooflines time a one-way copy of the workload's bytes; "
-                "roofline time = that * 2(p-1)/p, a ring's bytes per worker",
-            )
-            out.append(_measure_group(group, w, entries, config, describe))
+            _measure_group(group, w, entries, config, describe)
     return out
+
+
+@contextlib.contextmanager
+def _failing_in(groups: list[records.Group]) -> Iterator[None]:
+    """Turns an exception into the `error` of the groups not measured yet."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - a row of the table says why.
+        for group in groups:
+            if not group.rounds:
+                group.error = f"{type(e).__name__}: {e}"
 
 
 def _measure_group(

@@ -57,12 +57,7 @@ def aligned_pieces(total: int, pieces: int, align: int) -> list[int]:
     if total <= 0:
         return [total]
     size = -(-total // (pieces * align)) * align
-    sizes = []
-    start = 0
-    while start < total:
-        sizes.append(min(size, total - start))
-        start += size
-    return sizes
+    return [min(size, total - start) for start in range(0, total, size)]
 
 
 class NumpySum:

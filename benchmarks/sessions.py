@@ -1,18 +1,15 @@
-"""The child processes' side: build, check and time entries on command.
-
-Every measurement runs in a child process that holds a session:
+"""The session processes: build, check and time entries on command.
 
 - "in_graph": replicas on this process's logical CPU devices (one group
   per process: its memory high-water mark and any crash stay there), or,
-  given a cluster spec, on `tf_crossdevice.cluster` workers that this
-  client drives in one graph (MultiWorkerAllReduce and TF's
-  ReductionToOneDevice);
-- "mwms": one of p processes running `MultiWorkerMirroredStrategy`'s
-  collective all-reduce between-graph (TF_CONFIG set by the parent).
+  given a cluster spec, on `tf_crossdevice.cluster` workers that it drives
+  in one graph (MultiWorkerAllReduce, TF's ReductionToOneDevice);
+- "mwms": one of p `MultiWorkerMirroredStrategy` processes (TF_CONFIG set
+  by the parent) running its collective all-reduce between-graph.
 
 Commands (JSON lines, `tf_crossdevice._processes`): the setup, then load a
 workload, prepare an entry (build, check against numpy, warm up), time n
-calls of it, unload. Command line (internal, started by `groups.py`):
+calls of it, unload. Started by `groups.Sessions` as
 `python -m benchmarks.sessions --role=in_graph|mwms`.
 """
 
@@ -215,14 +212,11 @@ class Mwms(Session):
             body = lambda: [[t] for t in run(lambda: inputs.tensors(0))]  # noqa: E731
             return _step(body, inputs.check_inputs)
         assert candidate is not None
+        kinds = tf.distribute.experimental.CommunicationImplementation
         kwargs = dict(candidate["kwargs"])
-        implementation = kwargs.pop("implementation", "AUTO")
+        kind = kinds[kwargs.pop("implementation", "AUTO")]
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=getattr(
-                tf.distribute.experimental.CommunicationImplementation,
-                implementation,
-            ),
-            **kwargs,
+            implementation=kind, **kwargs
         )
 
         def replica_fn() -> list[Any]:

@@ -30,15 +30,16 @@ import numpy as np
 from tf_crossdevice import _processes
 
 # The receiver: reads `size` bytes per round and answers each round with one
-# byte. Plain Python, so it starts at once; it exits when the connection
-# closes, which the kernel also does when the benchmark dies.
+# byte. Plain Python, so it starts at once; it takes its setup as the
+# process layer's first command and exits when the connection closes, which
+# the kernel also does when the benchmark dies.
 _TCP_SINK = """
-import socket, sys
-port, size = int(sys.argv[1]), int(sys.argv[2])
-with socket.create_connection(("127.0.0.1", port)) as s:
+import json, socket, sys
+setup = json.loads(sys.stdin.readline())
+with socket.create_connection(("127.0.0.1", setup["port"])) as s:
     view = memoryview(bytearray(1 << 20))
     while True:
-        left = size
+        left = setup["size"]
         while left:
             got = s.recv_into(view[: min(left, len(view))])
             if not got:
@@ -112,10 +113,11 @@ class TcpLoopback:
         self._payload = memoryview(bytes(max(num_bytes, 1)))[:num_bytes]
         with socket.create_server(("127.0.0.1", 0)) as server:
             server.settimeout(60)
-            port = str(server.getsockname()[1])
-            argv = [sys.executable, "-c", _TCP_SINK, port, str(num_bytes)]
+            argv = [sys.executable, "-c", _TCP_SINK]
             self._sink = _processes.Child(argv, name="TCP sink")
             try:
+                port = server.getsockname()[1]
+                self._sink.send({"port": port, "size": num_bytes})
                 self._socket, _ = server.accept()
             except BaseException:
                 self._sink.stop()

@@ -80,17 +80,18 @@ class Sessions:
     ):
         self.name, self.timeout = role, config.timeout_seconds
         self.dead: str | None = None  # Why it was stopped.
-        self.children = [
-            _processes.start_module(
-                "benchmarks.sessions",
-                f"--role={role}",
-                name=f"{role} {i}",
-                env=env,
-                cwd=_ROOT,
-            )
-            for i, env in enumerate(envs)
-        ]
+        self.children: list[_processes.Child] = []
         try:
+            for i, env in enumerate(envs):
+                self.children.append(
+                    _processes.start_module(
+                        "benchmarks.sessions",
+                        f"--role={role}",
+                        name=f"{role} {i}",
+                        env=env,
+                        cwd=_ROOT,
+                    )
+                )
             self.request(setup | {"seed": config.seed, "warmup": config.warmup})
         except BaseException:
             self.stop()

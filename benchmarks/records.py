@@ -91,17 +91,9 @@ class Group:
 
     @classmethod
     def of(cls, setting: str, workload: Any, n: int, **kw: Any) -> Group:
-        return cls(
-            setting,
-            workload.name,
-            workload.description,
-            n,
-            workload.num_tensors,
-            workload.num_bytes,
-            workload.num_elements,
-            workload.dtype,
-            **kw,
-        )
+        w = workload
+        sizes = (w.num_tensors, w.num_bytes, w.num_elements, w.dtype)
+        return cls(setting, w.name, w.description, n, *sizes, **kw)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Group:
@@ -154,12 +146,9 @@ class Run:
     @classmethod
     def read(cls, path: pathlib.Path) -> Run:
         data = json.loads(path.read_text())
-        return cls(
-            data["meta"],
-            data["skipped"],
-            [Group.from_dict(g) for g in data["groups"]],
-            [Target(**t) for t in data["targets"]],
-        )
+        groups = [Group.from_dict(g) for g in data["groups"]]
+        targets = [Target(**t) for t in data["targets"]]
+        return cls(data["meta"], data["skipped"], groups, targets)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

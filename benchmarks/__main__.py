@@ -91,16 +91,12 @@ def define_flags() -> None:
         "Leave out single-process groups estimated to need more memory.",
     )
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
-
-
-def _ints(flag: str, minimum: int) -> list[int]:
-    try:
-        values = [int(v) for v in FLAGS[flag].value or ()]
-    except ValueError as e:
-        raise app.UsageError(f"--{flag}: {e}") from None
-    if any(v < minimum for v in values):
-        raise app.UsageError(f"--{flag}: {values} has a value below {minimum}")
-    return values
+    for name in ("devices", "workers"):
+        flags.register_validator(
+            name,
+            lambda values: all(v.isdigit() and int(v) >= 2 for v in values),
+            f"--{name}: expected whole numbers of at least 2",
+        )
 
 
 def _workloads(flag: str) -> list[Any]:
@@ -153,12 +149,8 @@ def _failures(groups: list[Any]) -> list[str]:
     out = []
     for g in groups:
         where = f"{g.workload} x{g.num_replicas}"
-        out += [f"{where}: {g.error}"] if g.error else []
-        out += [
-            f"{where}: {r.name}: {r.timing.error}"
-            for r in g.results
-            if not r.ok
-        ]
+        failed = [f"{r.name}: {r.timing.error}" for r in g.results if not r.ok]
+        out += [f"{where}: {e}" for e in [g.error, *failed] if e]
     return out
 
 
@@ -174,11 +166,10 @@ def main(argv: list[str]) -> int:
 
         # Every candidate is a new tf.function by design: no retrace warnings.
         tf.get_logger().setLevel("ERROR")
-    devices, workers = _ints("devices", 2), _ints("workers", 2)
-    single, across = (
-        _workloads("workloads"),
-        _workloads("multi_worker_workloads"),
-    )
+    devices = [int(v) for v in FLAGS.devices]
+    workers = [int(v) for v in FLAGS.workers]
+    single = _workloads("workloads")
+    across = _workloads("multi_worker_workloads")
     missing = missing_extras()
     if missing:
         print(missing, file=sys.stderr)
@@ -202,15 +193,19 @@ def main(argv: list[str]) -> int:
         seed=FLAGS.seed,
         cores=os.cpu_count() or 1,
         timeout_seconds=FLAGS.timeout_seconds,
+        max_memory_bytes=int(FLAGS.max_memory_gib * 2**30),
     )
     plan = [
         (w, n, candidates_lib.single_process_candidates(w, FLAGS.quick))
         for w in single
         for n in devices
     ]
+    across_candidates = {
+        w.name: candidates_lib.multi_worker_candidates(w, FLAGS.quick)
+        for w in (across if workers else [])
+    }
     every = [c for _, _, group in plan for c in group]
-    for w in across if workers else []:
-        every += candidates_lib.multi_worker_candidates(w, FLAGS.quick)
+    every += [c for group in across_candidates.values() for c in group]
     try:
         candidates_lib.check_patterns(every, FLAGS.candidates)
     except ValueError as e:
@@ -220,7 +215,7 @@ def main(argv: list[str]) -> int:
         return candidates_lib.select(group, FLAGS.candidates)
 
     def candidates_of(w: Any) -> list[Any]:
-        return keep(candidates_lib.multi_worker_candidates(w, FLAGS.quick))
+        return keep(across_candidates[w.name])
 
     output = pathlib.Path(FLAGS.output_dir)
     output.mkdir(parents=True, exist_ok=True)
@@ -241,36 +236,15 @@ def main(argv: list[str]) -> int:
             bar.set_postfix_str(text[:70], refresh=True)
 
         for w, n, candidates in plan:
-            need = groups_lib.estimated_peak_bytes(w, n) / 2**30
-            if need > FLAGS.max_memory_gib:
-                skipped = f"needs about {need:.1f} GiB (over --max_memory_gib)"
-                group = records.Group.of(
-                    "single_process", w, n, skipped=skipped
-                )
-            else:
-                try:
-                    group = groups_lib.single_process(
-                        w, n, keep(candidates), config, describe
-                    )
-                except Exception as e:  # noqa: BLE001 - in the table.
-                    error = f"{type(e).__name__}: {e}"
-                    group = records.Group.of(
-                        "single_process", w, n, error=error
-                    )
+            chosen = keep(candidates)
+            group = groups_lib.single_process(w, n, chosen, config, describe)
             groups.append(group)
             bar.update(1)
             save_partial()
         for p in workers:
-            try:
-                groups += groups_lib.multi_worker(
-                    across, p, config, candidates_of, describe
-                )
-            except Exception as e:  # noqa: BLE001 - in the table.
-                error = f"{type(e).__name__}: {e}"
-                groups += [
-                    records.Group.of("multi_worker", w, p, error=error)
-                    for w in across
-                ]
+            groups += groups_lib.multi_worker(
+                across, p, config, candidates_of, describe
+            )
             bar.update(len(across))
             save_partial()
 
@@ -288,11 +262,9 @@ def main(argv: list[str]) -> int:
     failed = _failures(groups)
     if failed:
         print(
-            f"{len(failed)} failure(s):\n  " + "\n  ".join(failed),
-            file=sys.stderr,
+            f"{len(failed)} failure(s):", *failed, sep="\n  ", file=sys.stderr
         )
-        return 2
-    return 0
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":

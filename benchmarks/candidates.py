@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -223,8 +224,8 @@ _STRATEGIES: dict[tuple[str, ...], Any] = {}
 def build(candidate: Candidate, devices: Sequence[str]) -> Any:
     """The candidate as a `tf.distribute.CrossDeviceOps` over `devices`.
 
-    MirroredStrategy's default is its strategy's `extended` (it has the same
-    `batch_reduce_to` call). Call outside `tf.function`.
+    MirroredStrategy's default is its strategy's `extended.batch_reduce_to`
+    standing in for `batch_reduce`. Call outside `tf.function`.
 
     Raises:
         ValueError: a kind that cannot be built here ("mwms" runs in its
@@ -241,7 +242,8 @@ def build(candidate: Candidate, devices: Sequence[str]) -> Any:
         key = tuple(devices)
         if key not in _STRATEGIES:
             _STRATEGIES[key] = tf.distribute.MirroredStrategy(list(key))
-        return _ExtendedAsOps(_STRATEGIES[key].extended)
+        extended = _STRATEGIES[key].extended
+        return types.SimpleNamespace(batch_reduce=extended.batch_reduce_to)
     if kind == "tf_r1d":
         return tf.distribute.ReductionToOneDevice()
     if kind == "tf_hc":
@@ -259,13 +261,3 @@ def build(candidate: Candidate, devices: Sequence[str]) -> Any:
         )
         return tf_crossdevice.MultiWorkerAllReduce(workers, 0, **kwargs)
     raise ValueError(f"candidate.kind: {kind!r} cannot be built here")
-
-
-class _ExtendedAsOps:
-    """A strategy's `extended` with CrossDeviceOps' `batch_reduce` call."""
-
-    def __init__(self, extended: Any):
-        self._extended = extended
-
-    def batch_reduce(self, reduce_op: Any, pairs: Any) -> Any:
-        return self._extended.batch_reduce_to(reduce_op, pairs)

@@ -1,36 +1,35 @@
 """Measures groups: one workload on n logical devices or p worker processes.
 
-The benchmark process drives child processes (`sessions.py`) over pipes:
-each entry is built, checked against numpy and warmed up in its child,
-then every entry is timed once per round, in interleaved rounds, and the
-finalists again (`records.timed_group`).
-
-- One process, n devices: a fresh child per group. Entries: the candidates,
-  the rooflines (`tf.add_n` of the replicas' flat buffers on one device and
-  per core, numpy in one thread and one per core), a bound (packing and
-  unpacking alone) and two baselines: "inputs only" (subtracted from the
-  candidates) and "flat buffers only" (from the TF rooflines).
-- p workers, one CPU replica each: our client driving
-  `tf_crossdevice.cluster` workers in one graph, and p
-  MultiWorkerMirroredStrategy processes holding the same values. The
-  roofline is a ring's 2(p-1)/p of the bytes at the faster of TCP loopback
-  (timed here) and TF's gRPC copy between two workers.
+Each entry is built, checked against numpy and warmed up in the session
+process that holds it (`sessions.py`), then every entry is timed once per
+round, in interleaved rounds, and the finalists again
+(`records.timed_group`). One process, n devices: a fresh session per group
+runs the candidates, the rooflines (`roofline.py`), a bound (packing and
+unpacking alone) and the baselines. p workers, one CPU replica each: a
+session drives `tf_crossdevice.cluster` workers in one graph, and p
+MultiWorkerMirroredStrategy sessions hold the same values.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+import functools
+import json
+import pathlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from benchmarks import candidates as candidates_lib
-from benchmarks import processes, records, roofline, sessions, targets
+from benchmarks import records, roofline, sessions, targets
 from benchmarks import workloads as workloads_lib
-from tf_crossdevice import _measure
+from tf_crossdevice import _measure, _processes, cluster
 
+ChildError = _processes.ChildError
+# The checkout: sessions run `python -m benchmarks.sessions` from there.
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROOFLINE_TCP = "roofline: TCP loopback"
-# (name, family, baseline) of the fixed entries; the first runs in-graph.
+# (name, family, baseline) of the fixed entries.
 SINGLE_PROCESS = (
     (sessions.INPUTS_BASELINE, "baseline", None),
     (sessions.FLAT_BASELINE, "baseline", None),
@@ -39,6 +38,7 @@ SINGLE_PROCESS = (
     (sessions.ROOFLINE_NUMPY, "roofline", None),
     (sessions.ROOFLINE_NUMPY_PER_CORE, "roofline", None),
 )
+PACK_UNPACK = (sessions.PACK_UNPACK_BOUND, "bound", sessions.INPUTS_BASELINE)
 MULTI_WORKER = (
     (sessions.INPUTS_BASELINE, "baseline", None),
     (sessions.IDLE_BASELINE, "baseline", None),
@@ -59,29 +59,113 @@ class Config:
     warmup: int = 2
     seed: int = 0
     cores: int = 2
-    timeout_seconds: float = 900.0  # the longest a child may stay silent
+    timeout_seconds: float = 900.0  # the longest a session may stay silent
+    max_memory_bytes: int = 12 << 30  # single-process groups above: left out
 
 
-def estimated_peak_bytes(workload: workloads_lib.Workload, n: int) -> int:
-    """About a group's peak memory: 0.6 GB + 5 n times the workload's bytes.
+class Sessions:
+    """`sessions.py` processes that get every command and answer it once each.
 
-    Measured with every candidate on this repository's machine (inputs,
-    results, intermediates, numpy's buffers, what allocators keep).
+    One per entry of `envs` (its extra environment variables), each holding
+    `role` ("in_graph" or "mwms"), set up with `setup` and `config`'s seed
+    and warmup (ChildError if a session cannot start or set up).
     """
-    return int(0.6e9 + 5 * n * workload.num_bytes)
 
+    def __init__(
+        self,
+        role: str,
+        setup: dict[str, Any],
+        config: Config,
+        envs: Sequence[Mapping[str, str]] = ({},),
+    ):
+        self.name, self.timeout = role, config.timeout_seconds
+        self.dead: str | None = None  # Why it was stopped.
+        self.children: list[_processes.Child] = []
+        try:
+            for i, env in enumerate(envs):
+                self.children.append(
+                    _processes.start_module(
+                        "benchmarks.sessions",
+                        f"--role={role}",
+                        name=f"{role} {i}",
+                        env=env,
+                        cwd=_ROOT,
+                    )
+                )
+            self.request(setup | {"seed": config.seed, "warmup": config.warmup})
+        except BaseException:
+            self.stop()
+            raise
 
-def _children(role: str, count: int, envs: Any = None) -> processes.ChildGroup:
-    children = [
-        processes.python_module(
-            f"{role} {i}",
-            "benchmarks.sessions",
-            role,
-            **(envs[i] if envs else {}),
+    def request(self, message: dict[str, Any]) -> list[Any]:
+        """Every session's answer to `message`.
+
+        Raises:
+            ChildError: a session failed or was too slow (all are then
+                stopped for good), or answered with an error.
+        """
+        if self.dead is not None:
+            raise ChildError(f"{self.name} was stopped earlier: {self.dead}")
+        try:
+            for child in self.children:
+                child.send(message)
+            answers = [child.receive(self.timeout) for child in self.children]
+        except ChildError as e:
+            self.dead = str(e).splitlines()[0][:200]
+            self.stop()
+            raise
+        errors = [a["error"] for a in answers if a.get("error")]
+        if errors:
+            raise ChildError(errors[0])
+        return answers
+
+    def prepare(
+        self, name: str, candidate: Any, verifies: bool
+    ) -> _measure.Prepared:
+        """The entry built, checked and warmed up in every session: the
+        first error, else the slowest session's times."""
+        command = {
+            "cmd": "prepare",
+            "name": name,
+            "verifies": verifies,
+            "candidate": dataclasses.asdict(candidate) if candidate else None,
+        }
+        try:
+            answers = [_measure.Prepared(**a) for a in self.request(command)]
+        except ChildError as e:
+            failed = False if verifies else None
+            return _measure.Prepared(failed, _measure.first_line(str(e)), 0, 0)
+        slowest = dataclasses.replace(
+            answers[0],
+            seconds_per_call=max(a.seconds_per_call for a in answers),
+            build_seconds=max(a.build_seconds for a in answers),
         )
-        for i in range(count)
+        return next((a for a in answers if a.error), slowest)
+
+    def time(self, name: str, reps: int) -> float:
+        """Seconds per call of `reps` calls of a prepared entry."""
+        message = {"cmd": "time", "name": name, "reps": reps}
+        # Collectives finish together; the slowest worker is the step time.
+        return max(a["seconds"] for a in self.request(message))
+
+    def stop(self) -> None:
+        _processes.stop_all(self.children)
+
+    def __enter__(self) -> Sessions:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def tf_config_envs(num_workers: int) -> list[dict[str, str]]:
+    """Each task's TF_CONFIG for a cluster on free ports."""
+    ports = _processes.free_ports(num_workers)
+    spec = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    tasks = [{"type": "worker", "index": i} for i in range(num_workers)]
+    return [
+        {"TF_CONFIG": json.dumps({"cluster": spec, "task": t})} for t in tasks
     ]
-    return processes.ChildGroup(role, children)
 
 
 def single_process(
@@ -93,47 +177,27 @@ def single_process(
 ) -> records.Group:
     """Verifies and times `candidates` on `num_devices` logical CPU devices.
 
-    Raises:
-        processes.ChildError: the child could not start.
+    A group that could not be measured says why (`error`, `skipped`).
     """
-    child = _children("in_graph", 1)
-    try:
-        setup = {"num_devices": num_devices, "cores": config.cores}
-        child.request(_setup(config) | setup, config.timeout_seconds)
-        fixed = list(SINGLE_PROCESS)
-        if workload.num_tensors > 1:
-            bound = (
-                sessions.PACK_UNPACK_BOUND,
-                "bound",
-                sessions.INPUTS_BASELINE,
-            )
-            fixed.append(bound)
-        entries = [(*e, child, None) for e in fixed] + [
-            (c.name, c.family, sessions.INPUTS_BASELINE, child, c)
+    group = records.Group.of("single_process", workload, num_devices)
+    # About the peak memory with every candidate, as measured on this
+    # repository's machine (inputs, results, intermediates, numpy's buffers,
+    # what allocators keep).
+    need = 0.6e9 + 5 * num_devices * workload.num_bytes
+    if need > config.max_memory_bytes:
+        group.skipped = (
+            f"needs about {need / 2**30:.1f} GiB (over --max_memory_gib)"
+        )
+        return group
+    setup = {"num_devices": num_devices, "cores": config.cores}
+    with _failing_in([group]), Sessions("in_graph", setup, config) as session:
+        fixed = SINGLE_PROCESS + (PACK_UNPACK,) * (workload.num_tensors > 1)
+        entries = [(*e, session, None) for e in fixed] + [
+            (c.name, c.family, sessions.INPUTS_BASELINE, session, c)
             for c in candidates
         ]
-        group = records.Group.of("single_process", workload, num_devices)
-        return _measure_group(group, workload, entries, config, describe)
-    finally:
-        child.stop()
-
-
-@contextlib.contextmanager
-def _worker_processes(p: int, config: Config) -> Iterator[Any]:
-    """(our client, the MWMS processes), set up; stopped on leaving."""
-    with processes.worker_cluster(p) as cluster_spec:
-        client = _children("in_graph", 1)
-        mwms = _children("mwms", p, processes.tf_config_envs(p))
-        try:
-            setup = _setup(config)
-            client.request(
-                setup | {"cluster": cluster_spec}, config.timeout_seconds
-            )
-            mwms.request(setup, config.timeout_seconds)
-            yield client, mwms
-        finally:
-            client.stop()
-            mwms.stop()
+        _measure_group(group, workload, entries, config, describe)
+    return group
 
 
 def multi_worker(
@@ -145,13 +209,26 @@ def multi_worker(
 ) -> list[records.Group]:
     """Verifies and times each workload's candidates across workers.
 
-    Raises:
-        processes.ChildError: the processes could not be started.
+    Groups that could not be measured say why (`error`).
     """
     describe(f"x{num_workers} workers: starting processes")
-    out = []
-    with _worker_processes(num_workers, config) as (client, mwms):
-        for w in workloads:
+    note = (
+        "rooflines time a one-way copy of the workload's bytes; roofline "
+        "time = that * 2(p-1)/p, a ring's bytes per worker"
+    )
+    out = [
+        records.Group.of("multi_worker", w, num_workers, note=note)
+        for w in workloads
+    ]
+    with (
+        _failing_in(out),
+        cluster.start_local_cluster(num_workers, cpus_per_worker=1) as workers,
+        Sessions(
+            "in_graph", {"cluster": workers.cluster_spec.as_dict()}, config
+        ) as client,
+        Sessions("mwms", {}, config, tf_config_envs(num_workers)) as mwms,
+    ):
+        for group, w in zip(out, workloads, strict=True):
             on = {sessions.MWMS_BASELINE: mwms, ROOFLINE_TCP: None}
             entries = [(*e, on.get(e[0], client), None) for e in MULTI_WORKER]
             for c in candidates_of(w):
@@ -159,60 +236,59 @@ def multi_worker(
                 if c.kind == "mwms":
                     baseline, side = sessions.MWMS_BASELINE, mwms
                 entries.append((c.name, c.family, baseline, side, c))
-            group = records.Group.of(
-                "multi_worker",
-                w,
-                num_workers,
-                note="rooflines time a one-way copy of the workload's bytes; "
-                "roofline time = that * 2(p-1)/p, a ring's bytes per worker",
-            )
-            out.append(_measure_group(group, w, entries, config, describe))
+            _measure_group(group, w, entries, config, describe)
     return out
 
 
-def _setup(config: Config) -> dict[str, Any]:
-    return {"seed": config.seed, "warmup": config.warmup}
+@contextlib.contextmanager
+def _failing_in(groups: list[records.Group]) -> Iterator[None]:
+    """Turns an exception into the `error` of the groups not measured yet."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - a row of the table says why.
+        for group in groups:
+            if not group.rounds:
+                group.error = f"{type(e).__name__}: {e}"
 
 
 def _measure_group(
     group: records.Group,
     workload: workloads_lib.Workload,
-    entries: list[tuple[str, str, str | None, Any, Any]],
+    entries: list[tuple[str, str, str | None, Sessions | None, Any]],
     config: Config,
     describe: Describe,
 ) -> records.Group:
     """Prepares every entry on its side (None: here), then times them all.
 
-    Entries: (name, family, baseline, the ChildGroup it runs on, candidate).
+    Entries: (name, family, baseline, the sessions it runs in, candidate).
     """
-    timeout = config.timeout_seconds
     sides = list(dict.fromkeys(e[3] for e in entries if e[3] is not None))
     loaded: dict[Any, str | None] = {}
     for side in sides:
         try:
-            side.request({"cmd": "load", "shapes": workload.shapes}, timeout)
+            side.request({"cmd": "load", "shapes": workload.shapes})
             loaded[side] = None
-        except processes.ChildError as e:
+        except ChildError as e:
             loaded[side] = f"could not load the workload: {e}"
     opened: list[roofline.TcpLoopback] = []
     prepared: dict[str, _measure.Prepared] = {}
     timers: dict[str, _measure.TimeFn] = {}
-    for name, family, _, side, candidate in entries:
+    for name, family, _, where, candidate in entries:
         describe(f"{workload.name} x{group.num_replicas}: {name}")
         verifies = family != "baseline"
-        if side is None:  # TCP loopback, timed here
+        if where is None:  # TCP loopback, timed here
             prepared[name], call = _measure.prepare(
                 lambda: _tcp_entry(workload.num_bytes, opened), config.warmup
             )
             if call is not None:
                 timers[name] = _measure.timer(call)
-        elif loaded[side] is not None:
+        elif loaded[where] is not None:
             failed = False if verifies else None
-            prepared[name] = _measure.Prepared(failed, loaded[side], 0, 0)
+            prepared[name] = _measure.Prepared(failed, loaded[where], 0, 0)
         else:
-            prepared[name] = _prepare(side, name, candidate, verifies, timeout)
+            prepared[name] = where.prepare(name, candidate, verifies)
             if prepared[name].error is None:
-                timers[name] = _remote_timer(side, name, timeout)
+                timers[name] = functools.partial(where.time, name)
     describe(f"{workload.name} x{group.num_replicas}: timing")
     factor = roofline.ring_bytes_per_worker(1, group.num_replicas)
     try:
@@ -229,56 +305,14 @@ def _measure_group(
         for loopback in opened:
             loopback.close()
     for side in sides:
-        with contextlib.suppress(processes.ChildError):
-            answers = side.request({"cmd": "unload"}, timeout)
+        with contextlib.suppress(ChildError):
+            answers = side.request({"cmd": "unload"})
             group.peak_rss_bytes = max(a["peak_rss_bytes"] for a in answers)
     return group
-
-
-def _prepare(
-    side: processes.ChildGroup,
-    name: str,
-    candidate: candidates_lib.Candidate | None,
-    verifies: bool,
-    timeout: float,
-) -> _measure.Prepared:
-    failed = False if verifies else None
-    command = {
-        "cmd": "prepare",
-        "name": name,
-        "verifies": verifies,
-        "candidate": dataclasses.asdict(candidate) if candidate else None,
-    }
-    try:
-        answers = [
-            _measure.Prepared(**a) for a in side.request(command, timeout)
-        ]
-    except processes.ChildError as e:
-        return _measure.Prepared(failed, _measure.first_line(str(e)), 0, 0)
-    build = max(a.build_seconds for a in answers)
-    error = next((a.error for a in answers if a.error), None)
-    if error is not None:
-        return _measure.Prepared(failed, error, 0, build)
-    per_call = max(a.seconds_per_call for a in answers)
-    return _measure.Prepared(True if verifies else None, None, per_call, build)
-
-
-def _remote_timer(
-    side: processes.ChildGroup, name: str, timeout: float
-) -> _measure.TimeFn:
-    def time_remote(reps: int) -> float:
-        message = {"cmd": "time", "name": name, "reps": reps}
-        # Collectives finish together; the slowest worker is the step time.
-        return max(a["seconds"] for a in side.request(message, timeout))
-
-    return time_remote
 
 
 def _tcp_entry(num_bytes: int, opened: list[roofline.TcpLoopback]) -> Any:
     loopback = roofline.TcpLoopback(num_bytes)
     opened.append(loopback)
-
-    def check() -> None:
-        loopback()  # The receiver answers only after counting every byte.
-
-    return loopback, check
+    # The check is one round: the receiver answers only after every byte.
+    return loopback, loopback

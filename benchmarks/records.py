@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -90,17 +91,9 @@ class Group:
 
     @classmethod
     def of(cls, setting: str, workload: Any, n: int, **kw: Any) -> Group:
-        return cls(
-            setting,
-            workload.name,
-            workload.description,
-            n,
-            workload.num_tensors,
-            workload.num_bytes,
-            workload.num_elements,
-            workload.dtype,
-            **kw,
-        )
+        w = workload
+        sizes = (w.num_tensors, w.num_bytes, w.num_elements, w.dtype)
+        return cls(setting, w.name, w.description, n, *sizes, **kw)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Group:
@@ -108,13 +101,8 @@ class Group:
             t = dict(d["timing"], samples=tuple(d["timing"]["samples"]))
             return Result(**{**d, "timing": _measure.Timing(**t)})
 
-        return cls(
-            **{
-                **data,
-                "baselines": [result(r) for r in data["baselines"]],
-                "results": [result(r) for r in data["results"]],
-            }
-        )
+        lists = ("baselines", "results")
+        return cls(**data | {k: [result(r) for r in data[k]] for k in lists})
 
     @property
     def scope(self) -> str:
@@ -158,12 +146,9 @@ class Run:
     @classmethod
     def read(cls, path: pathlib.Path) -> Run:
         data = json.loads(path.read_text())
-        return cls(
-            data["meta"],
-            data["skipped"],
-            [Group.from_dict(g) for g in data["groups"]],
-            [Target(**t) for t in data["targets"]],
-        )
+        groups = [Group.from_dict(g) for g in data["groups"]]
+        targets = [Target(**t) for t in data["targets"]]
+        return cls(data["meta"], data["skipped"], groups, targets)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -182,13 +167,20 @@ def entry_of(
 
 
 def _net(
-    median: float | None,
-    base: float | None,
-    scale: Callable[[float], float] | None,
-) -> float | None:
-    if median is None or base is None or median - base <= 0:
-        return None
-    return scale(median - base) if scale else median - base
+    results: Sequence[Result],
+    medians: dict[str, float | None],
+    roofline_time: Callable[[float], float] | None,
+) -> dict[str, float | None]:
+    """Each result's median minus its baseline's (None: not above it), a
+    roofline's turned into the workload's by `roofline_time`."""
+    out: dict[str, float | None] = {}
+    for r in results:
+        median = medians.get(r.name)
+        base = medians.get(r.baseline) if r.baseline else 0.0
+        net = median - base if median is not None and base is not None else 0
+        scale = roofline_time if r.family == "roofline" else None
+        out[r.name] = None if net <= 0 else scale(net) if scale else net
+    return out
 
 
 def add_results(
@@ -205,10 +197,9 @@ def add_results(
     group.rounds = max((len(e.timing.samples) for e in entries), default=0)
     group.baselines = [e for e in entries if e.family == "baseline"]
     group.results = [e for e in entries if e.family != "baseline"]
+    net = _net(group.results, medians, roofline_time)
     for r in group.results:
-        base = medians.get(r.baseline) if r.baseline else 0.0
-        scale = roofline_time if r.family == "roofline" else None
-        r.time_seconds = _net(r.timing.median_seconds, base, scale)
+        r.time_seconds = net[r.name]
 
     def best(family: str) -> tuple[str | None, float | None]:
         timed = [
@@ -265,25 +256,14 @@ def timed_group(
     samples, errors = _measure.interleaved_rounds(
         timers, reps, config.rounds, config.seed
     )
-    add_results(
-        group,
-        [
-            Result(
-                name,
-                family,
-                baseline,
-                _measure.Timing.of(
-                    name,
-                    prepared[name],
-                    reps.get(name, 0),
-                    samples.get(name, []),
-                    errors.get(name),
-                ),
-            )
-            for name, family, baseline in entries
-        ],
-        roofline_time,
-    )
+    timings = {
+        name: _measure.Timing.of(
+            name, p, reps.get(name, 0), samples.get(name, []), errors.get(name)
+        )
+        for name, p in prepared.items()
+    }
+    results = [Result(n, f, b, timings[n]) for n, f, b in entries]
+    add_results(group, results, roofline_time)
     names = [n for n in finalists(group, references) if n in samples]
     confirm, _ = _measure.interleaved_rounds(
         {n: timers[n] for n in names[:MAX_FINALISTS]},
@@ -316,16 +296,9 @@ def add_confirmation(
     roofline_time: Callable[[float], float] | None = None,
 ) -> None:
     """Stores the finalists' net times from the confirmation rounds."""
-    medians = {
-        n: _measure.Timing.of(n, _OK, 1, s).median_seconds
-        for n, s in samples.items()
+    medians: dict[str, float | None] = {
+        n: statistics.median(s) for n, s in samples.items()
     }
     group.confirmed_rounds = max(map(len, samples.values()), default=0)
-    for r in group.results:
-        if r.name in samples:
-            base = medians.get(r.baseline) if r.baseline else 0.0
-            scale = roofline_time if r.family == "roofline" else None
-            group.confirmed[r.name] = _net(medians[r.name], base, scale)
-
-
-_OK = _measure.Prepared(True, None, 0.0, 0.0)
+    chosen = [r for r in group.results if r.name in samples]
+    group.confirmed.update(_net(chosen, medians, roofline_time))

@@ -106,8 +106,7 @@ def group_table(g: Group) -> str:
         f"{_ms(g.ours_best_seconds)} ms ({g.ours_best})",
     ]
     if g.confirmed:
-        ours, tf_best = g.time(g.ours_best), g.time(g.tf_best)
-        roof = g.time(g.roofline)
+        ours, tf_best, roof = map(g.time, (g.ours_best, g.tf_best, g.roofline))
         lines.append(
             f"# confirmed over {g.confirmed_rounds} more rounds: ours best "
             f"{_ms(ours)} ms, TF best {_ms(tf_best)} ms, roofline "
@@ -188,11 +187,7 @@ def markdown_summary(run: Run) -> str:
                 f"{head} {g.error or f'left out: {g.skipped}'} | | | |"
             )
             continue
-        ours, tf_best, roof = (
-            g.time(g.ours_best),
-            g.time(g.tf_best),
-            g.time(g.roofline),
-        )
+        ours, tf_best, roof = map(g.time, (g.ours_best, g.tf_best, g.roofline))
         lines.append(
             f"{head} {(g.tf_best or '-').removeprefix('TF ')} {_ms(tf_best)} "
             f"ms | {(g.ours_best or '-').removeprefix('ours ')} {_ms(ours)} ms"
@@ -225,6 +220,7 @@ def write_plot(path: pathlib.Path, groups: Sequence[Group]) -> None:
         len(keys), 1, figsize=(13, 5.5 * len(keys)), squeeze=False
     )
     colors: dict[str, Any] = {"roofline": "black"}
+    palette = plt.get_cmap("tab20")
     for ax, key in zip(axes.flat, keys, strict=True):
         points: dict[tuple[int, str, bool], list[tuple[int, float]]] = {}
         for g in panels[key]:
@@ -234,18 +230,13 @@ def write_plot(path: pathlib.Path, groups: Sequence[Group]) -> None:
             for name, t in [("roofline", g.roofline_seconds)] + timed:
                 if t and not name.startswith("roofline: "):
                     order = 0 if name == "roofline" else 1 + (name[:2] != "TF")
-                    point = (g.size_bytes, t)
-                    points.setdefault((order, name, _is_sweep(g)), []).append(
-                        point
-                    )
+                    line = (order, name, _is_sweep(g))
+                    points.setdefault(line, []).append((g.size_bytes, t))
         for (order, name, sweep), xy in sorted(points.items()):
-            color = colors.setdefault(
-                name, plt.get_cmap("tab20")(len(colors) % 20)
-            )
+            color = colors.setdefault(name, palette(len(colors) % 20))
             style = (":", "--", "-")[order] if sweep else "xoo"[order]
-            ax.plot(
-                *zip(*sorted(xy), strict=True), style, color=color, label=name
-            )
+            x, y = zip(*sorted(xy), strict=True)
+            ax.plot(x, y, style, color=color, label=name)
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles, strict=True))
         ax.legend(unique.values(), unique.keys(), fontsize=7, loc="center left",

@@ -21,11 +21,32 @@ processes, and TensorFlow's gRPC copy between two workers).
 from __future__ import annotations
 
 import concurrent.futures
+import socket
+import sys
 from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks import processes
+from tf_crossdevice import _processes
+
+# The receiver: reads `size` bytes per round and answers each round with one
+# byte. Plain Python, so it starts at once; it takes its setup as the
+# process layer's first command and exits when the connection closes, which
+# the kernel also does when the benchmark dies.
+_TCP_SINK = """
+import json, socket, sys
+setup = json.loads(sys.stdin.readline())
+with socket.create_connection(("127.0.0.1", setup["port"])) as s:
+    view = memoryview(bytearray(1 << 20))
+    while True:
+        left = setup["size"]
+        while left:
+            got = s.recv_into(view[: min(left, len(view))])
+            if not got:
+                sys.exit(0)
+            left -= got
+        s.sendall(b"k")
+"""
 
 
 def aligned_pieces(total: int, pieces: int, align: int) -> list[int]:
@@ -37,12 +58,7 @@ def aligned_pieces(total: int, pieces: int, align: int) -> list[int]:
     if total <= 0:
         return [total]
     size = -(-total // (pieces * align)) * align
-    sizes = []
-    start = 0
-    while start < total:
-        sizes.append(min(size, total - start))
-        start += size
-    return sizes
+    return [min(size, total - start) for start in range(0, total, size)]
 
 
 class NumpySum:
@@ -89,13 +105,25 @@ class NumpySum:
 class TcpLoopback:
     """Times sending `num_bytes` over loopback TCP to another process.
 
-    The receiver (`processes.start_tcp_sink`) is a plain Python process that
-    answers each `num_bytes` with one byte; each call sends and waits.
+    The receiver is a plain Python process that answers each `num_bytes`
+    with one byte; each call sends and waits.
     """
 
     def __init__(self, num_bytes: int):
         self._payload = memoryview(bytes(max(num_bytes, 1)))[:num_bytes]
-        self._sink, self._socket = processes.start_tcp_sink(num_bytes)
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            server.settimeout(60)
+            argv = [sys.executable, "-c", _TCP_SINK]
+            self._sink = _processes.Child(argv, name="TCP sink")
+            try:
+                port = server.getsockname()[1]
+                self._sink.send({"port": port, "size": num_bytes})
+                self._socket, _ = server.accept()
+            except BaseException:
+                self._sink.stop()
+                raise
+        self._socket.settimeout(60)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def __call__(self) -> None:
         self._socket.sendall(self._payload)

@@ -1,34 +1,32 @@
-"""The child processes' side: build, check and time entries on command.
-
-Every measurement runs in a child process that holds a session:
+"""The session processes: build, check and time entries on command.
 
 - "in_graph": replicas on this process's logical CPU devices (one group
   per process: its memory high-water mark and any crash stay there), or,
-  given a cluster spec, on `tf_crossdevice.cluster` workers that this
-  client drives in one graph (MultiWorkerAllReduce and TF's
-  ReductionToOneDevice);
-- "mwms": one of p processes running `MultiWorkerMirroredStrategy`'s
-  collective all-reduce between-graph (TF_CONFIG set by the parent).
+  given a cluster spec, on `tf_crossdevice.cluster` workers that it drives
+  in one graph (MultiWorkerAllReduce, TF's ReductionToOneDevice);
+- "mwms": one of p `MultiWorkerMirroredStrategy` processes (TF_CONFIG set
+  by the parent) running its collective all-reduce between-graph.
 
-Commands (JSON lines, `processes.py`): load a workload, prepare an entry
-(build, check against numpy, warm up), time n calls of it, unload.
-Command line (internal): `python -m benchmarks.sessions ROLE --parent_pid=N`.
+Commands (JSON lines, `tf_crossdevice._processes`): the setup, then load a
+workload, prepare an entry (build, check against numpy, warm up), time n
+calls of it, unload. Started by `groups.Sessions` as
+`python -m benchmarks.sessions --role=in_graph|mwms`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import resource
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from absl import app, flags
 
 from benchmarks import candidates as candidates_lib
-from benchmarks import processes, roofline
-from tf_crossdevice import _measure, testing
+from benchmarks import roofline
+from tf_crossdevice import _measure, _processes, testing
 
 INPUTS_BASELINE = "baseline: inputs only"
 FLAT_BASELINE = "baseline: flat buffers only"
@@ -49,10 +47,18 @@ def _step(body: Callable[[], _measure.Results], check: Any) -> Built:
 
 
 class Session:
-    """What a child holds between commands: its inputs and built entries."""
+    """What a child holds between commands: its inputs and built entries.
+
+    A subclass sets `devices` (its replicas' devices) and, when other
+    processes hold the other replicas, `first_replica` and `total_replicas`.
+    """
+
+    first_replica: int = 0
+    total_replicas: int | None = None
 
     def __init__(self, setup: dict[str, Any]):
         self.seed, self.warmup = setup["seed"], setup["warmup"]
+        self.devices: list[str] = []
         self.inputs: _measure.Inputs | None = None
         self.calls: dict[str, Callable[[], Any]] = {}
         self.closers: list[Callable[[], None]] = []
@@ -64,8 +70,13 @@ class Session:
                 close()
             self.calls, self.closers, self.inputs = {}, [], None
             if cmd == "load":
-                shapes = [(tuple(s), "float32") for s in command["shapes"]]
-                self.inputs = self.load(shapes)
+                self.inputs = _measure.Inputs(
+                    [(tuple(s), "float32") for s in command["shapes"]],
+                    self.devices,
+                    self.seed,
+                    self.first_replica,
+                    self.total_replicas,
+                )
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             return {"peak_rss_bytes": peak}
         if cmd == "prepare":
@@ -82,9 +93,6 @@ class Session:
             call = self.calls[command["name"]]
             return {"seconds": _measure.time_calls(call, command["reps"])}
         raise ValueError(f"command: unknown {cmd!r}")
-
-    def load(self, gradients: Any) -> _measure.Inputs:
-        raise NotImplementedError
 
     def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
         raise NotImplementedError
@@ -105,9 +113,6 @@ class InGraph(Session):
         else:
             testing.request_cpu_devices(setup["num_devices"])
             self.devices = testing.cpu_devices(setup["num_devices"])
-
-    def load(self, gradients: Any) -> _measure.Inputs:
-        return _measure.Inputs(gradients, self.devices, self.seed)
 
     def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
         inputs = self.inputs
@@ -181,14 +186,9 @@ def _pack_unpack(inputs: _measure.Inputs) -> _measure.Results:
         tensors = inputs.tensors(i)
         with tf.device(device):
             packed = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-            sizes = [t.shape.num_elements() for t in tensors]
+            pieces = tf.split(packed, [t.shape.num_elements() for t in tensors])
             per_device.append(
-                [
-                    tf.reshape(piece, t.shape)
-                    for piece, t in zip(
-                        tf.split(packed, sizes), tensors, strict=True
-                    )
-                ]
+                list(map(tf.reshape, pieces, [t.shape for t in tensors]))
             )
     return [list(column) for column in zip(*per_device, strict=True)]
 
@@ -200,17 +200,9 @@ class Mwms(Session):
         super().__init__(setup)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
         resolver = self.strategy.cluster_resolver
-        self.task = resolver.task_id
-        self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
-
-    def load(self, gradients: Any) -> _measure.Inputs:
-        return _measure.Inputs(
-            gradients,
-            self.strategy.extended.worker_devices[:1],
-            self.seed,
-            first_replica=self.task,
-            total_replicas=self.num_workers,
-        )
+        self.devices = list(self.strategy.extended.worker_devices[:1])
+        self.first_replica = resolver.task_id
+        self.total_replicas = len(resolver.cluster_spec().as_dict()["worker"])
 
     def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
         inputs = self.inputs
@@ -220,14 +212,11 @@ class Mwms(Session):
             body = lambda: [[t] for t in run(lambda: inputs.tensors(0))]  # noqa: E731
             return _step(body, inputs.check_inputs)
         assert candidate is not None
+        kinds = tf.distribute.experimental.CommunicationImplementation
         kwargs = dict(candidate["kwargs"])
-        implementation = kwargs.pop("implementation", "AUTO")
+        kind = kinds[kwargs.pop("implementation", "AUTO")]
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=getattr(
-                tf.distribute.experimental.CommunicationImplementation,
-                implementation,
-            ),
-            **kwargs,
+            implementation=kind, **kwargs
         )
 
         def replica_fn() -> list[Any]:
@@ -239,5 +228,38 @@ class Mwms(Session):
         return _step(lambda: [[t] for t in run(replica_fn)], inputs.check)
 
 
+ROLES: dict[str, type[Session]] = {"in_graph": InGraph, "mwms": Mwms}
+
+
+def main(argv: list[str]) -> int:
+    """Answers the parent's commands until it closes stdin or goes away.
+
+    The first command is the setup; the session answers every later one.
+    An exception becomes an {"error": ...} answer.
+    """
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _processes.exit_when_parent_goes()
+    role, commands = flags.FLAGS.role, _processes.commands()
+    setup = next(commands, None)
+    if setup is None:  # The parent closed stdin before the setup.
+        return 0
+    try:
+        session = ROLES[role](setup)
+    except Exception as e:  # noqa: BLE001 - sent to the parent.
+        _processes.reply({"error": f"{role} setup: {type(e).__name__}: {e}"})
+        return 1
+    _processes.reply({"ready": True})
+    for command in commands:
+        try:
+            answer = session.handle(command)
+        except Exception as e:  # noqa: BLE001 - sent to the parent.
+            error = f"{type(e).__name__}: {_measure.first_line(str(e))}"
+            answer = {"error": error}
+        _processes.reply(answer)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(processes.serve(sys.argv[1:], {"in_graph": InGraph, "mwms": Mwms}))
+    flags.DEFINE_enum("role", None, list(ROLES), "What to hold.", required=True)
+    app.run(main)

@@ -79,16 +79,8 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
             note = bound if not met or stand_in else ""
             if stand_in:
                 note = f"measured on a stand-in (smaller) workload; {note}"
-            out.append(
-                Target(
-                    f"{g.workload}, {g.scope}: {name}",
-                    measured,
-                    threshold,
-                    met,
-                    stand_in,
-                    note.strip("; "),
-                )
-            )
+            name, note = f"{g.workload}, {g.scope}: {name}", note.strip("; ")
+            out.append(Target(name, measured, threshold, met, stand_in, note))
     return out
 
 

@@ -60,11 +60,6 @@ class Workload:
     def num_bytes(self) -> int:
         return self.num_elements * 4
 
-    @property
-    def gradients(self) -> list[tuple[Shape, str]]:
-        """(shape, dtype) of each tensor, as `_measure.Inputs` takes them."""
-        return [(s, self.dtype) for s in self.shapes]
-
     def truncated(self, num_tensors: int) -> Workload:
         """The first `num_tensors` tensors, named so the report says so."""
         if num_tensors >= self.num_tensors:

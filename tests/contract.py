@@ -391,7 +391,10 @@ class CrossDeviceOpsContract:
             total = sum(densify(r, sparse) for r in replicas)
             if reduce_op == MEAN:
                 total = total / num_devices
-            check(result, total, devices, dtype, reduce_op, f"n={num_devices}")
+            # One replica in place is returned as is, so its MEAN keeps the
+            # dtype (TensorFlow's shortcut; see the one-replica test).
+            kept = SUM if num_devices == 1 else reduce_op
+            check(result, total, devices, dtype, kept, f"n={num_devices}")
 
     def test_many_tensors_of_mixed_shapes(self):
         """A gradient-like batch: many shapes, scalars, one big tensor."""
@@ -741,3 +744,24 @@ class CrossDeviceOpsContract:
                 np.testing.assert_array_equal(component, [want, want])
         for fetched in fetches:
             assert all(c.dtype == tf.float32 for c in fetched)
+
+    @pytest.mark.parametrize("op_name", sorted(REDUCE_OPS))
+    @pytest.mark.parametrize("dtype", [tf.int32, tf.int64, tf.float32])
+    def test_one_replica_in_place_is_returned_as_is(self, dtype, op_name):
+        """TensorFlow's shortcut: one replica's mean is its value, any dtype."""
+        ops = self.make_ops()
+        device = device_names(1, first=2)[0]
+        with tf.device(device):
+            value = _tf_internal.PerReplica((tf.constant([3, 4], dtype),))
+        reduce_op = REDUCE_OPS[op_name]
+        theirs = tf.distribute.ReductionToOneDevice().reduce(
+            reduce_op, value, value
+        )
+        for ours in (
+            ops.reduce(reduce_op, value, value),
+            *ops.batch_reduce(reduce_op, [(value, value)]),
+        ):
+            assert isinstance(ours, tf.Tensor), type(ours)
+            assert ours.dtype == theirs.dtype == dtype
+            assert canonical(ours.device) == canonical(device)
+            np.testing.assert_array_equal(ours.numpy(), [3, 4])

@@ -117,7 +117,7 @@ CASES = {
     "destination_empty_list": (
         lambda ops: ops.reduce(SUM, good_value(), []),
         ValueError,
-        "destinations: the list of devices is empty",
+        "destinations: expected at least one device string, got none",
     ),
     "destination_list_with_int": (
         lambda ops: ops.reduce(SUM, good_value(), ["/cpu:0", 1]),

@@ -36,7 +36,9 @@ PURE = ("tf_crossdevice._schedules", "tf_crossdevice._checks")
 
 
 @pytest.mark.parametrize(
-    "path", [*modules_of("_schedules"), PACKAGE / "_checks.py"], ids=str
+    "path",
+    [*modules_of("_schedules"), PACKAGE / "_checks.py"],
+    ids=lambda p: p.name,
 )
 def test_schedules_import_no_tensorflow_and_nothing_above(path):
     for name in imported_modules(path):
@@ -51,7 +53,7 @@ def test_schedules_import_no_tensorflow_and_nothing_above(path):
 BELOW_BUILDERS = (*PURE, "tf_crossdevice._tf_internal")
 
 
-@pytest.mark.parametrize("path", modules_of("_builders"), ids=str)
+@pytest.mark.parametrize("path", modules_of("_builders"), ids=lambda p: p.name)
 def test_builders_import_no_ops_classes(path):
     for name in imported_modules(path):
         if name in ("tf_crossdevice", "tf_crossdevice._builders"):

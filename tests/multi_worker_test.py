@@ -259,6 +259,11 @@ def test_legacy_graph_mode_mirrored_strategy_over_workers(workers, reduce_op):
         ),
         ((["/job:worker/task:0"] * 2, 0), ValueError, "listed twice"),
         (
+            (["/job:worker/task:0", ""], 0),
+            ValueError,
+            r"^worker_devices\[1\]: the device string is empty",
+        ),
+        (
             (["/job:worker/task:0", "/job:worker/task:x"], 0),
             ValueError,
             r"^worker_devices\[1\]: bad task index in 'task:x'",

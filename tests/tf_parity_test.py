@@ -87,7 +87,22 @@ def _all_ops():
 
 @pytest.mark.parametrize("ops", _all_ops(), ids=lambda o: type(o).__name__)
 def test_strategy_to_one_device_gives_what_tensorflow_gives(ops):
+    """batch_reduce_to and broadcast_to reach our ops; reduce_to does not.
+
+    TF 2.21's MirroredStrategy.reduce_to bypasses custom ops when a
+    destination is a CPU (README, "Where MirroredStrategy calls you"); the
+    spy pins that, so this test notices if TensorFlow starts calling us.
+    """
     devices = testing.cpu_devices(2)
+    called = []
+    for method in ("reduce", "batch_reduce", "broadcast"):
+        original = getattr(ops, method)
+
+        def spy(*args, _method=method, _original=original, **kwargs):
+            called.append(_method)
+            return _original(*args, **kwargs)
+
+        setattr(ops, method, spy)
     results = {}
     for name, cross_device_ops in [
         ("tf", tf.distribute.ReductionToOneDevice()),
@@ -101,15 +116,18 @@ def test_strategy_to_one_device_gives_what_tensorflow_gives(ops):
         )
         extended = strategy.extended
         results[name] = [
-            extended.reduce_to(SUM, value, devices[1]),
             *extended.batch_reduce_to(SUM, [(value, devices[1])]),
             extended.broadcast_to(tf.constant(5.0), devices[1]),
         ]
+        if name == "ours":
+            assert called == ["batch_reduce", "broadcast"], called
+            assert float(extended.reduce_to(SUM, value, devices[1])) == 3.0
+            assert called == ["batch_reduce", "broadcast"], "TF called us"
     for ours, theirs in zip(results["ours"], results["tf"], strict=True):
         assert type(ours) is type(theirs)
         assert ours.device == theirs.device
         assert float(ours) == float(theirs)
-    assert [float(r) for r in results["ours"]] == [3.0, 3.0, 5.0]
+    assert [float(r) for r in results["ours"]] == [3.0, 5.0]
 
 
 @pytest.mark.parametrize("ops", _all_ops(), ids=lambda o: type(o).__name__)
@@ -275,4 +293,22 @@ def test_gpu_worker_spec_on_cpu_values_runs_and_warns_once(monkeypatch):
     )
     assert len(warned) == 1, warned
     assert "num_gpus_per_worker=2" in warned[0]
-    assert "GPUs" in warned[0] and "is a CPU" in warned[0]
+    assert "GPUs" in warned[0] and "on a CPU" in warned[0]
+
+
+def test_gpu_values_reduced_to_the_worker_cpu_do_not_warn(monkeypatch):
+    """TF 1 kept variables on the worker's CPU: only values' devices count."""
+    warned = []
+    monkeypatch.setattr(
+        absl_logging, "warning", lambda msg, *args: warned.append(msg % args)
+    )
+    ops = tf_crossdevice.MultiWorkerAllReduce(["/job:worker/task:0"], 2)
+    with tf.Graph().as_default():  # Built, not run: there is no worker.
+        gpus = []
+        for i in range(2):
+            with tf.device(f"/job:worker/task:0/device:GPU:{i}"):
+                gpus.append(tf.constant([1.0]))
+        value = _tf_internal.PerReplica(tuple(gpus))
+        reduced = ops.reduce(SUM, value, "/job:worker/task:0/device:CPU:0")
+        assert reduced.device == "/job:worker/replica:0/task:0/device:CPU:0"
+    assert warned == []

@@ -7,7 +7,7 @@ import socket
 import pytest
 import tensorflow as tf
 
-from tf_crossdevice import multi_worker
+from tf_crossdevice import _processes, multi_worker
 
 
 @pytest.fixture
@@ -22,9 +22,7 @@ def listening_port():
 @pytest.fixture
 def closed_port():
     """A port nobody listens on, like a killed worker's."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return _processes.free_ports(1)[0]
 
 
 def replicas_at(*ports):

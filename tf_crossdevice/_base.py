@@ -56,7 +56,6 @@ class Item:
     components: tuple[Value, ...]
     devices: tuple[str, ...]
     destinations: tuple[str, ...]
-    distributed: bool  # False for a plain tensor: one replica's value.
 
     @property
     def sparse(self) -> bool:
@@ -266,14 +265,7 @@ def resolve_destinations(
     elif isinstance(destinations, (tf.Tensor, tf.Variable, tf.IndexedSlices)):
         devices = [destinations.device]
     elif isinstance(destinations, (list, tuple)):
-        devices = list(destinations)
-        if not devices:
-            raise ValueError(f"{argument}: the list of devices is empty")
-        for i, d in enumerate(devices):
-            if not isinstance(d, str):
-                raise TypeError(
-                    f"{argument}[{i}]: expected a device string, got {d!r}"
-                )
+        devices = _checks.string_list(destinations, argument, "device string")
     else:
         raise TypeError(
             f"{argument}: expected {_DESTINATION_TYPES}, got "
@@ -309,8 +301,7 @@ def make_item(
         for c in components
     )
     dest = resolve_destinations(destinations, devices)
-    distributed = isinstance(value, _tf_internal.DistributedValues)
-    return Item(components, devices, dest, distributed)
+    return Item(components, devices, dest)
 
 
 def divide(value: Value, count: int) -> Value:
@@ -333,6 +324,17 @@ def copy_value(value: Value, device: str) -> Value:
                 value.dense_shape,
             )
         return tf.identity(value)
+
+
+def per_destination(result: Any) -> tuple[Value, ...]:
+    """The values of a reduce / broadcast / gather result, one per device.
+
+    The inverse of `regroup`: a plain tensor gives itself, a Mirrored value
+    its components.
+    """
+    if isinstance(result, _tf_internal.DistributedValues):
+        return tuple(result.values)
+    return (result,)
 
 
 def regroup(values: Sequence[Value]) -> Any:
@@ -505,17 +507,19 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         return items
 
     def _reduce_items(self, reduce_op: ReduceOp, items: list[Item]) -> list:
-        """Results in order; a plain tensor already in place is returned.
+        """Results in order; a one-replica value already in place is copied.
 
-        That is TensorFlow's shortcut too, and MirroredStrategy relies on it:
-        when every replica all-reduces the same tensor, it hands over that
-        one tensor and expects it back, not a one-replica Mirrored value.
+        That is TensorFlow's shortcut too (its base reduce and batch_reduce),
+        and MirroredStrategy relies on it: when every replica all-reduces
+        the same tensor, it hands over that one tensor and expects it back.
+        Like TensorFlow, the copy keeps the dtype even for MEAN: one replica's
+        mean is its value.
         """
         results: list[Any] = [None] * len(items)
         rest = []
         for i, item in enumerate(items):
             if (
-                not item.distributed
+                len(item.components) == 1
                 and item.destinations == item.devices
                 and self._num_between_graph_workers == 1
             ):

@@ -32,7 +32,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import tensorflow as tf
 
-from tf_crossdevice import _tf_internal
+from tf_crossdevice import _base, _checks, _tf_internal
 
 # (shape, dtype) of each gradient of one replica.
 Gradients: TypeAlias = Sequence[tuple[Sequence[int], Any]]
@@ -388,8 +388,7 @@ def interleaved_rounds(
         (samples, errors): each entry's seconds per call, round by round;
         for an entry that raised, its error (its samples are dropped).
     """
-    if rounds < 1:
-        raise ValueError(f"rounds: expected an int >= 1, got {rounds}")
+    _checks.positive_int(rounds, "rounds")
     rng = random.Random(seed)
     samples: dict[str, list[float]] = {name: [] for name in timers}
     errors: dict[str, str] = {}
@@ -530,7 +529,7 @@ def all_reduce_body(
         reduced = cross_device_ops.batch_reduce(
             tf.distribute.ReduceOp.SUM, values
         )
-        return [list(r.values) for r in reduced]
+        return [list(_base.per_destination(r)) for r in reduced]
 
     return body
 

@@ -13,10 +13,15 @@ from tf_crossdevice._schedules import devices as devices_lib
 
 def worker_name(device: str, argument: str) -> str:
     """'/job:J/replica:R/task:T' for a worker or device string."""
-    if not isinstance(device, str) or not device:
+    if not isinstance(device, str):
         raise TypeError(
             f"{argument}: expected a worker device string such as "
-            f"'/job:worker/task:0', got {device!r}"
+            f"'/job:worker/task:0', got {type(device).__name__} {device!r}"
+        )
+    if not device:
+        raise ValueError(
+            f"{argument}: the device string is empty; expected a worker such "
+            "as '/job:worker/task:0'"
         )
     job, replica, task = devices_lib.parse_device(device, argument).worker
     return f"/job:{job}/replica:{replica}/task:{task}"
@@ -79,15 +84,9 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
             agg_small_grads_max_bytes=agg_small_grads_max_bytes,
             agg_small_grads_max_group=agg_small_grads_max_group,
         )
-        if isinstance(worker_devices, str) or not isinstance(
-            worker_devices, (list, tuple)
-        ):
-            raise TypeError(
-                "worker_devices: expected a list of worker device strings "
-                f"such as ['/job:worker/task:0'], got {worker_devices!r}"
-            )
-        if not worker_devices:
-            raise ValueError("worker_devices: expected at least one worker")
+        _checks.string_list(
+            worker_devices, "worker_devices", "worker device string"
+        )
         names = [
             worker_name(d, f"worker_devices[{i}]")
             for i, d in enumerate(worker_devices)
@@ -108,11 +107,11 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
 
     def _reduce_batch(self, reduce_op, items):
         for item in items:
-            self._check_devices(item.devices + item.destinations)
+            self._check_workers(item.devices + item.destinations)
+            self._check_device_type(item.devices)
         return super()._reduce_batch(reduce_op, items)
 
-    def _check_devices(self, devices: Sequence[str]) -> None:
-        want_type = "GPU" if self._num_gpus_per_worker else "CPU"
+    def _check_workers(self, devices: Sequence[str]) -> None:
         for device in devices:
             if not device:
                 continue  # Placed by TensorFlow (captured by a tf.function).
@@ -123,17 +122,31 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
                     f"per_replica_value: device {device!r} is not on a worker "
                     f"in worker_devices {list(self._worker_names)}"
                 )
-            kind = devices_lib.parse_device(device).device_type or ""
-            if kind != want_type and not self._warned_device_type:
+
+    def _check_device_type(self, value_devices: Sequence[str]) -> None:
+        """Warns once when the values' devices are not what was declared.
+
+        Only the values count: a destination on the worker's CPU is TF 1's
+        usual home for variables, whatever the replicas are.
+        """
+        if self._warned_device_type:
+            return
+        want_type = "GPU" if self._num_gpus_per_worker else "CPU"
+        for device in value_devices:
+            kind = (
+                devices_lib.parse_device(device).device_type if device else None
+            )
+            if kind is not None and kind != want_type:
                 # TF 1 reduced wherever the values were, and legacy jobs and
                 # TensorFlow's own tests name GPUs but run on CPUs.
                 logging.warning(
                     "MultiWorkerAllReduce: num_gpus_per_worker=%d means the "
-                    "replicas are %ss, but device %r is a %s; reducing on the "
-                    "values' devices.",
+                    "replicas are %ss, but the value on %r is on a %s; "
+                    "reducing on the values' devices.",
                     self._num_gpus_per_worker,
                     want_type,
                     device,
-                    kind or "device of unknown type",
+                    kind,
                 )
                 self._warned_device_type = True
+                return

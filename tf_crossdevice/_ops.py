@@ -143,7 +143,7 @@ class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
         agg_small_grads_max_group: int = 10,
     ):
         super().__init__()
-        self._all_reduce = registry.build(
+        self._builder = registry.build(
             all_reduce_alg, argument="all_reduce_alg"
         )
         self._all_reduce_alg = all_reduce_alg
@@ -158,7 +158,7 @@ class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
     def _all_reduce_dense(self, batch):
         return packed_all_reduce(
             batch,
-            self._all_reduce,
+            self._builder,
             num_packs=self._num_packs,
             agg_small_grads_max_bytes=self._agg_small_grads_max_bytes,
             agg_small_grads_max_group=self._agg_small_grads_max_group,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 from absl import logging
 
-from tf_crossdevice import _base, _ops, _spec_ops, _tf_internal
+from tf_crossdevice import _base, _checks, _ops, _spec_ops, _tf_internal
 from tf_crossdevice._schedules import devices as devices_lib
 from tf_crossdevice._schedules import topology
 
@@ -60,12 +60,7 @@ def select_cross_device_ops(
     >>> type(dgx1).__name__, dgx1._num_packs
     ('HierarchicalCopyAllReduce', 8)
     """
-    if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
-        raise TypeError(
-            f"devices: expected a list of device strings, got {devices!r}"
-        )
-    if not devices:
-        raise ValueError("devices: expected at least one device, got none")
+    _checks.string_list(devices, "devices", "device string")
     canonical = [_base.canonical_device(d, "devices") for d in devices]
     if link_matrix is not None:
         topology.check_link_matrix(link_matrix, len(devices))

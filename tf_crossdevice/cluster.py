@@ -135,11 +135,7 @@ class LocalCluster:
         Raises:
             ValueError: `device_type` is not "CPU" or "GPU".
         """
-        if device_type not in _DEVICE_TYPES:
-            raise ValueError(
-                f"device_type: expected one of {', '.join(_DEVICE_TYPES)}, "
-                f"got {device_type!r}"
-            )
+        _checks.one_of(device_type, "device_type", _DEVICE_TYPES)
         names = []
         for w in self._workers:
             assert w.devices is not None, "worker_devices before readiness"

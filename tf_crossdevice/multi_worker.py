@@ -109,10 +109,7 @@ class WorkerReplicas:
                 f"has {sorted(cluster_spec.jobs)}"
             )
         _checks.positive_int(replicas_per_worker, "replicas_per_worker")
-        if device_type not in ("CPU", "GPU"):
-            raise ValueError(
-                f"device_type: expected 'CPU' or 'GPU', got {device_type!r}"
-            )
+        _checks.one_of(device_type, "device_type", ("CPU", "GPU"))
         self._cluster_spec = cluster_spec
         self._job_name = job_name
         self._addresses = list(cluster_spec.job_tasks(job_name))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tf_crossdevice import _checks
 from tf_crossdevice._schedules import devices as devices_lib
 
 
@@ -67,13 +68,7 @@ def group_by_worker(devices: Sequence[str]) -> list[list[int]]:
     ...                  "/job:ps/replica:0/task:0/device:CPU:1", ""])
     [[0, 2], [1, 3]]
     """
-    if isinstance(devices, str) or not isinstance(devices, Sequence):
-        raise TypeError(
-            "devices: expected a sequence of device strings, got "
-            f"{type(devices).__name__} {devices!r}"
-        )
-    if not devices:
-        raise ValueError("devices: expected at least one device, got none")
+    _checks.string_list(devices, "devices", "device string")
     groups: dict[tuple[str, int, int], list[int]] = {}
     for i, device in enumerate(devices):
         groups.setdefault(worker_of(device, i), []).append(i)

@@ -47,6 +47,8 @@ import tensorflow as tf
 
 from tf_crossdevice import _checks, _tf_internal
 
+# These search TensorFlow's error text for the tasks it names; parsing a
+# device argument is _schedules/devices.py's job.
 _WORKER_RE = re.compile(r"/job:([A-Za-z][\w]*)/replica:(\d+)/task:(\d+)")
 # gRPC's own words for the peer that failed; other task names in a TF error
 # are often just where the step's ops ran.

@@ -136,9 +136,9 @@ def test_malformed_device_raises(device, message):
     "devices, error, message",
     [
         ([], ValueError, "expected at least one device"),
-        ("/device:CPU:0", TypeError, "expected a sequence of device strings"),
-        (None, TypeError, "expected a sequence"),
-        ({"/cpu:0"}, TypeError, "expected a sequence"),
+        ("/device:CPU:0", TypeError, "expected a list of device strings"),
+        (None, TypeError, "expected a list of device strings"),
+        ({"/cpu:0"}, TypeError, "expected a list of device strings"),
         (["/cpu:0", 3], TypeError, "devices[1]: expected a device string"),
     ],
     ids=["empty", "string", "none", "set", "non_string_item"],

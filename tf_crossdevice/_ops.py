@@ -146,7 +146,6 @@ class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
         self._builder = registry.build(
             all_reduce_alg, argument="all_reduce_alg"
         )
-        self._all_reduce_alg = all_reduce_alg
         (
             self._num_packs,
             self._agg_small_grads_max_bytes,

@@ -17,6 +17,7 @@ same thing everywhere and a malformed one gets the same message.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 _JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*", re.ASCII)
@@ -123,7 +124,13 @@ string '/job:w/task:x'; expected a TensorFlow device name such as \
             f"{argument}: expected a device string, got "
             f"{type(device).__name__} {device!r}"
         )
+    return _parse(device, argument)
 
+
+# The same few device strings are parsed for every value a batch reduces,
+# while tracing; a DeviceName is immutable, so the parses are shared.
+@functools.lru_cache(maxsize=4096)
+def _parse(device: str, argument: str) -> DeviceName:
     def bad(problem: str) -> ValueError:
         return ValueError(
             f"{argument}: {problem} in device string {device!r}; expected "

@@ -220,6 +220,14 @@ class Child:
             raise self._ended_error()
         return line
 
+    def next_line(self, timeout: float = 0.0) -> str | None:
+        """The next line the child printed, or None if none came in time.
+
+        Raises:
+            ChildError: the child's stdout ended (nothing left to read).
+        """
+        return self._next_line(time.monotonic() + timeout if timeout else None)
+
     def read_line(self, timeout: float) -> str:
         """The next line the child printed, without its newline.
 

@@ -49,3 +49,92 @@ def local_gpu_links() -> dict[str, list[int]]:
                 link.device_id for link in device.locality.links.link
             ]
     return links
+
+
+# ---- Collective ops across worker processes (issue #13) -----------------
+# TensorFlow's own MultiWorkerMirroredStrategy drives these privates; the
+# collective classes and tf_crossdevice.MultiWorkerMirroredStrategy use the
+# same ones, with the same arguments.
+
+
+def collective_ops():
+    """TensorFlow's v2 collective ops (all_reduce_v2, all_gather_v2, ...)."""
+    from tensorflow.python.ops import collective_ops as ops
+
+    return ops
+
+
+def eager_context():
+    """The process's eager context (collective configuration, peer health)."""
+    from tensorflow.python.eager import context
+
+    return context.context()
+
+
+def server_def(cluster_spec, job_name, task_index, protocol, port):
+    """A ServerDef carrying the context's current session config."""
+    import copy
+
+    from tensorflow.core.protobuf import tensorflow_server_pb2
+
+    return tensorflow_server_pb2.ServerDef(
+        cluster=cluster_spec.as_cluster_def(),
+        default_session_config=copy.deepcopy(eager_context().config),
+        job_name=job_name,
+        task_index=task_index,
+        protocol=protocol,
+        port=port,
+    )
+
+
+def multi_worker_util():
+    """Cluster-spec helpers: worker_count, collective_leader, normalize."""
+    from tensorflow.python.distribute import multi_worker_util as util
+
+    return util
+
+
+def collective_keys(group_key_start=1):
+    """TensorFlow's CollectiveKeys: group keys and per-device instance keys."""
+    from tensorflow.python.distribute import cross_device_utils
+
+    return cross_device_utils.CollectiveKeys(group_key_start=group_key_start)
+
+
+def is_collective_keys(value) -> bool:
+    from tensorflow.python.distribute import cross_device_utils
+
+    return isinstance(value, cross_device_utils.CollectiveKeys)
+
+
+def function_graph_being_built():
+    """The enclosing tf.function's graph while tracing one, else None."""
+    import tensorflow as tf
+    from tensorflow.python.framework import ops
+
+    if tf.executing_eagerly():
+        return None
+    graph = ops.get_default_graph()
+    while getattr(graph, "is_control_flow_graph", False):
+        graph = graph.outer_graph
+    return graph if getattr(graph, "building_function", False) else None
+
+
+def new_resource_variable(initial_value):
+    """A resource variable that no variable creator scope intercepts."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    return resource_variable_ops.ResourceVariable(initial_value)
+
+
+def multi_worker_strategy_parts():
+    """(tf.distribute.Strategy's base, MWMS's extended class)."""
+    from tensorflow.python.distribute import (
+        collective_all_reduce_strategy,
+        distribute_lib,
+    )
+
+    return (
+        distribute_lib.Strategy,
+        collective_all_reduce_strategy.CollectiveAllReduceExtended,
+    )

@@ -1,0 +1,415 @@
+"""What the collective classes share: options, binding, routing, gather.
+
+A collective class reduces the replicas of every worker: each worker
+process holds only its own replicas' values and the processes meet in
+TensorFlow's collective ops. So every reduce runs the collectives, whatever
+the destinations (TensorFlow's CollectiveAllReduce does the same), and the
+result is then copied to the destinations. MEAN divides by every replica
+of every worker: local replicas times `_num_between_graph_workers`.
+
+How many workers there are and which local devices take part come from
+the strategy: `tf_crossdevice.MultiWorkerMirroredStrategy` hands each
+collective object a bound copy (`_bound_to`). An object nobody bound
+reduces over the value's own devices and its constructor's worker count;
+under `tf.distribute.MirroredStrategy` that is right for one worker only,
+so with several workers the object refuses there (see `__bool__`).
+
+Options are merged as TensorFlow merges CommunicationOptions (a field the
+later one leaves at its default keeps the earlier one's value): the
+strategy's `communication_options`, then the constructor's `options`, then
+the call's `options`.
+
+In eager mode the collectives of one call run inside a tf.function traced
+for the call: eagerly, one device's collective would block before the next
+device's was even issued.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_crossdevice import _base, _checks, _tf_internal, collective_runtime
+from tf_crossdevice._base import Item, ReduceOp, Value
+from tf_crossdevice._collective_launch import Group, Options, new_options
+from tf_crossdevice._schedules import collective_packing
+
+_STRATEGY = "tf_crossdevice.MultiWorkerMirroredStrategy"
+_shared_keys: Any = None
+
+
+def shared_collective_keys() -> Any:
+    """The process's CollectiveKeys for objects given none.
+
+    Group keys start at 2**20, far above those TensorFlow's own strategies
+    draw (from 1), so both can live in one process.
+    """
+    global _shared_keys
+    if _shared_keys is None:
+        _shared_keys = _tf_internal.collective_keys(group_key_start=2**20)
+    return _shared_keys
+
+
+def check_communication_options(options: Any, argument: str) -> Options:
+    """`options` itself, or default options for None."""
+    if options is None:
+        return new_options()
+    if not isinstance(options, new_options):
+        raise TypeError(
+            f"{argument}: expected None, "
+            "tf.distribute.experimental.CommunicationOptions or "
+            "tf_crossdevice.compat.CollectiveHints, got "
+            f"{type(options).__name__} {options!r}"
+        )
+    return options
+
+
+class CollectiveOpsBase(_base.CrossDeviceOpsBase):
+    """Binding, options, destinations, MEAN and gather for collectives.
+
+    Subclasses implement `_sum_group`.
+    """
+
+    def __init__(
+        self, num_workers: int, options: Any, collective_keys: Any
+    ) -> None:
+        super().__init__()
+        self._num_workers = _checks.positive_int(num_workers, "num_workers")
+        self._options = check_communication_options(options, "options")
+        if collective_keys is not None and not _tf_internal.is_collective_keys(
+            collective_keys
+        ):
+            raise TypeError(
+                "collective_keys: expected None or TensorFlow's "
+                "CollectiveKeys (tensorflow.python.distribute."
+                "cross_device_utils.CollectiveKeys), got "
+                f"{type(collective_keys).__name__} {collective_keys!r}"
+            )
+        self._keys = collective_keys or shared_collective_keys()
+        self._local_devices: tuple[str, ...] | None = None
+        self._strategy_options = new_options()
+        self._bound = False
+        self._groups: dict[tuple[Any, ...], Group] = {}
+
+    # ---- Binding to a strategy ------------------------------------------
+
+    @property
+    def _num_between_graph_workers(self) -> int:
+        return self._num_workers
+
+    def _bound_to(
+        self,
+        local_devices: Sequence[str],
+        num_workers: int,
+        strategy_options: Options,
+    ) -> CollectiveOpsBase:
+        """A copy for a strategy: its local devices, workers and options."""
+        bound = copy.copy(self)
+        bound._local_devices = tuple(
+            _base.canonical_device(d, "local_devices") for d in local_devices
+        )
+        bound._num_workers = num_workers
+        bound._strategy_options = strategy_options
+        bound._bound = True
+        bound._groups = {}
+        return bound
+
+    def __bool__(self) -> bool:
+        # tf.distribute.MirroredStrategy tests `if cross_device_ops:` in its
+        # constructor: the one moment to stop it from training with a
+        # gradient scale that ignores the other workers.
+        workers = self._num_workers
+        enabled = collective_runtime.enabled_cluster()
+        if enabled is not None:
+            workers = max(workers, enabled.num_workers)
+        if workers > 1 and not self._bound:
+            raise ValueError(
+                f"{type(self).__name__} reduces across {workers} worker "
+                "processes, but tf.distribute.MirroredStrategy counts only "
+                "this process's replicas (its num_replicas_in_sync, dataset "
+                "sharding and loss scaling would be wrong). Use "
+                f"{_STRATEGY}(cross_device_ops=...) instead."
+            )
+        return True
+
+    def _call_options(self, options: Any) -> Options:
+        per_call = check_communication_options(options, "options")
+        return self._strategy_options.merge(self._options).merge(per_call)
+
+    def _group(self, devices: Sequence[str], size: int, name: str) -> Group:
+        key = (tuple(devices), size, name)
+        if key not in self._groups:
+            self._groups[key] = Group(self._keys, devices, size, name)
+        return self._groups[key]
+
+    def _devices_of(self, item: Item) -> tuple[str, ...]:
+        """The local devices whose collectives reduce the item's components.
+
+        Under a strategy, component i is replica i's, whatever device the
+        tensor reports (TensorFlow's CollectiveAllReduce also launches by
+        position): eager results of `strategy.run` may sit on one device.
+        """
+        bound = self._local_devices
+        if bound is not None and len(bound) == len(item.devices):
+            return bound
+        if len(set(item.devices)) == len(item.devices) and all(item.devices):
+            return item.devices
+        if len(item.devices) == 1:
+            return ("/device:CPU:0",)
+        raise ValueError(
+            f"per_replica_value: its {len(item.devices)} components must be "
+            f"on distinct devices, one per replica; got {list(item.devices)}"
+        )
+
+    # ---- What subclasses implement ----------------------------------------
+
+    def _sum_group(
+        self,
+        batch: Sequence[Sequence[Value]],
+        devices: tuple[str, ...],
+        options: Options,
+    ) -> list[list[Value]]:
+        """Sums every value of `batch` across every worker's replicas.
+
+        Args:
+            batch: `batch[k][d]`: value k's component on `devices[d]`; dense
+                tensors or IndexedSlices (a value is one or the other).
+            devices: this worker's devices, the same for every value.
+            options: the merged options.
+
+        Returns:
+            `result[k][d]`: value k's sum on `devices[d]`.
+        """
+        raise NotImplementedError
+
+    # ---- Reduce -----------------------------------------------------------
+
+    @_base._no_autograph
+    def reduce(
+        self,
+        reduce_op: Any,
+        per_replica_value: Any,
+        destinations: Any = None,
+        options: Any = None,
+    ) -> Any:
+        """Reduces over every replica of every worker, onto `destinations`."""
+        reduce_op = _base.check_reduce_op(reduce_op)
+        options = self._call_options(options)
+        item = _base.make_item(
+            per_replica_value, destinations, "per_replica_value"
+        )
+        return self._reduce_all(reduce_op, [item], options)[0]
+
+    @_base._no_autograph
+    def batch_reduce(
+        self, reduce_op: Any, value_destination_pairs: Any, options: Any = None
+    ) -> list[Any]:
+        """Reduces several (value, destinations) pairs; packs share ops."""
+        reduce_op = _base.check_reduce_op(reduce_op)
+        options = self._call_options(options)
+        return self._reduce_all(
+            reduce_op, self._items_from_pairs(value_destination_pairs), options
+        )
+
+    def _reduce_all(
+        self, reduce_op: ReduceOp, items: list[Item], options: Options
+    ) -> list[Any]:
+        if not items:
+            return []
+        by_devices: dict[tuple[str, ...], list[int]] = {}
+        for i, item in enumerate(items):
+            by_devices.setdefault(self._devices_of(item), []).append(i)
+
+        def run() -> list[list[Value]]:
+            sums: list[Any] = [None] * len(items)
+            for devices, indices in by_devices.items():
+                batch = [list(items[i].components) for i in indices]
+                for i, per_device in zip(
+                    indices,
+                    self._sum_group(batch, devices, options),
+                    strict=True,
+                ):
+                    if reduce_op == ReduceOp.MEAN:
+                        count = len(devices) * self._num_workers
+                        per_device = [
+                            _on_device(_base.divide, v, d, count)
+                            for v, d in zip(per_device, devices, strict=True)
+                        ]
+                    sums[i] = per_device
+            return sums
+
+        sums = _run_collectives(run)
+        return [
+            _route(sums[i], self._devices_of(item), item.destinations)
+            for i, item in enumerate(items)
+        ]
+
+    # ---- Gather -----------------------------------------------------------
+
+    @_base._no_autograph
+    def _gather_implementation(
+        self, per_replica_value, destinations, axis, options
+    ):
+        _checks.integer(axis, "axis")
+        options = self._call_options(options)
+        item = _base.make_item(
+            per_replica_value, destinations, "per_replica_value", axis
+        )
+        devices = self._devices_of(item)
+        first = item.components[0]
+        if item.sparse:
+            if axis != 0:
+                raise ValueError(
+                    f"axis: IndexedSlices can only be gathered along axis 0, "
+                    f"got {axis}"
+                )
+        else:
+            rank = first.shape.rank
+            if rank is not None and not -rank <= axis < max(rank, 1):
+                raise ValueError(
+                    f"axis: {axis} is out of range for values of rank {rank}; "
+                    f"expected {-rank} <= axis < {rank}"
+                )
+            if rank:
+                axis %= rank
+        group = self._group(
+            devices, len(devices) * self._num_workers, type(self).__name__
+        )
+
+        def run() -> list[Value]:
+            return [
+                _gather_one(group, d, c, axis, options)
+                for d, c in enumerate(item.components)
+            ]
+
+        return _route(_run_collectives(run), devices, item.destinations)
+
+    # ---- Replica context ----------------------------------------------------
+
+    def _all_reduce(self, reduce_op, value, replica_id, options):
+        raise NotImplementedError(
+            f"{type(self).__name__} reduces in cross-replica context "
+            "(merge_call) only"
+        )
+
+
+def _run_collectives(fn: Any) -> Any:
+    """`fn()`, inside a tf.function when executing eagerly."""
+    if tf.executing_eagerly():
+        return tf.function(fn, autograph=False)()
+    return fn()
+
+
+def _on_device(fn: Any, value: Value, device: str, *args: Any) -> Value:
+    with tf.device(device):
+        return fn(value, *args)
+
+
+def _route(
+    per_device: Sequence[Value],
+    devices: tuple[str, ...],
+    destinations: tuple[str, ...],
+) -> Any:
+    """The result on `destinations`: the copy already there, else the first."""
+    if destinations == devices:
+        return _base.regroup(list(per_device))
+    out = []
+    for d in destinations:
+        source = per_device[devices.index(d)] if d in devices else per_device[0]
+        out.append(_base.copy_value(source, d))
+    return _base.regroup(out)
+
+
+def gather_sparse(
+    group: Group, index: int, value: tf.IndexedSlices, options: Options
+) -> tf.IndexedSlices:
+    """Every member's IndexedSlices as one, member m's rows after m-1's."""
+    values, lengths = group.all_gather_ragged(index, value.values, options)
+    indices, _ = group.all_gather_ragged(index, value.indices, options)
+    rows = group.all_gather(
+        index, tf.cast(value.dense_shape[:1], tf.int64), options
+    )
+    offsets = tf.cumsum(rows, exclusive=True)
+    shift = tf.repeat(offsets, lengths)
+    dense_shape = tf.concat(
+        [
+            tf.reduce_sum(rows, keepdims=True),
+            tf.cast(value.dense_shape[1:], tf.int64),
+        ],
+        axis=0,
+    )
+    return tf.IndexedSlices(
+        values, indices + tf.cast(shift, indices.dtype), dense_shape
+    )
+
+
+def sum_sparse(
+    group: Group, index: int, value: tf.IndexedSlices, options: Options
+) -> tf.IndexedSlices:
+    """The sum of every member's IndexedSlices: all their rows, unmerged."""
+    values, _ = group.all_gather_ragged(index, value.values, options)
+    indices, _ = group.all_gather_ragged(index, value.indices, options)
+    return tf.IndexedSlices(values, indices, value.dense_shape)
+
+
+def _gather_one(
+    group: Group, index: int, value: Value, axis: int, options: Options
+) -> Value:
+    with tf.device(group.devices[index]):
+        if isinstance(value, tf.IndexedSlices):
+            return gather_sparse(group, index, value, options)
+        if value.shape.rank == 0:
+            gathered, _ = group.all_gather_ragged(
+                index, tf.reshape(value, [1]), options
+            )
+            return gathered
+        if axis == 0:
+            return group.all_gather_ragged(index, value, options)[0]
+        rank = value.shape.rank
+        perm = [axis, *range(axis), *range(axis + 1, rank)]
+        gathered, _ = group.all_gather_ragged(
+            index, tf.transpose(value, perm), options
+        )
+        inverse = [perm.index(i) for i in range(rank)]
+        return tf.transpose(gathered, inverse)
+
+
+def plan_packs(
+    tensors: Sequence[tf.Tensor], options: Options, merge_scope: int
+) -> list[list[int]]:
+    """`collective_packs` for these tensors and options."""
+    sizes = [
+        None
+        if t.shape.num_elements() is None
+        else t.shape.num_elements() * t.dtype.size
+        for t in tensors
+    ]
+    return collective_packing.collective_packs(
+        sizes, [t.dtype for t in tensors], options.bytes_per_pack, merge_scope
+    )
+
+
+def flatten_pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """The tensors as one flat tensor (on the enclosing device)."""
+    flat = [tf.reshape(t, [-1]) for t in tensors]
+    return flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
+
+
+def unflatten_pack(
+    flat: tf.Tensor, like: Sequence[tf.Tensor]
+) -> list[tf.Tensor]:
+    """`flatten_pack`'s inverse: pieces shaped as `like`."""
+    sizes = [
+        t.shape.num_elements()
+        if t.shape.num_elements() is not None
+        else tf.size(t)
+        for t in like
+    ]
+    pieces = [flat] if len(like) == 1 else tf.split(flat, sizes)
+    return [
+        tf.reshape(p, t.shape if t.shape.is_fully_defined() else tf.shape(t))
+        for p, t in zip(pieces, like, strict=True)
+    ]

@@ -1,0 +1,170 @@
+"""One collective group and the ops its members launch, device by device.
+
+A group is a set of devices, across worker processes, that meet in the same
+collective ops: this process's `devices` plus the same number on every other
+worker, `size` in all. TensorFlow matches the members of one collective by
+(group key, instance key), so every worker must draw the same keys in the
+same order: every process runs the same program, and keys come from a
+counter (TensorFlow's CollectiveKeys) that every process advances alike.
+
+Inside a tf.function the instance key is read when the function is called,
+not when it is traced (TensorFlow's own launcher does the same), so every
+call of a traced training step gets fresh keys. Every device holds an
+ordering token, a resource its collectives all touch, so that they run in
+program order: without it two devices of one process can start different
+collectives first and wait for each other for good.
+
+Options are `tf.distribute.experimental.CommunicationOptions`:
+`timeout_seconds` becomes each op's timeout (TensorFlow then raises
+DeadlineExceededError instead of hanging), `implementation` its
+communication hint. NCCL runs on GPUs only: on other devices NCCL becomes
+RING, logged once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import tensorflow as tf
+from absl import logging
+
+from tf_crossdevice import _tf_internal
+from tf_crossdevice._schedules import devices as devices_lib
+
+# tf.distribute.experimental.CommunicationOptions (TensorFlow has no stubs).
+Options: TypeAlias = Any
+new_options = _tf_internal.CommunicationOptions
+_NCCL = tf.distribute.experimental.CommunicationImplementation.NCCL
+
+
+class Group:
+    """A collective group: its key, size and this process's members.
+
+    Args:
+        keys: TensorFlow CollectiveKeys shared by everything that must not
+            reuse a key.
+        devices: this process's devices in the group (canonical names).
+        size: devices in the group across every worker.
+        name: names the group's ops (and so TensorFlow's errors about them).
+    """
+
+    def __init__(
+        self, keys: Any, devices: Sequence[str], size: int, name: str
+    ) -> None:
+        self.devices = tuple(devices)
+        self.size = size
+        self.name = name
+        self._keys = keys
+        # The size is part of the key's identity: TensorFlow binds a group
+        # key to one membership for the life of the cluster.
+        self.key = keys.get_group_key([*self.devices, f"group_size:{size}"])
+        self._tokens: dict[str, Any] = {}
+
+    def _instance_key(self, device: str) -> Any:
+        graph = _tf_internal.function_graph_being_built()
+        if graph is None:
+            return self._keys.get_instance_key(self.key, device)
+        with graph.as_default():
+            return graph.capture_call_time_value(
+                lambda: tf.constant(
+                    self._keys.get_instance_key(self.key, device), tf.int32
+                ),
+                tf.TensorSpec([], tf.int32),
+            )
+
+    def _token(self, device: str) -> Any:
+        if device not in self._tokens:
+            with tf.init_scope(), tf.device(device):
+                self._tokens[device] = _tf_internal.new_resource_variable(0.0)
+        return self._tokens[device].handle
+
+    def _common(self, index: int, options: Options) -> dict[str, Any]:
+        device = self.devices[index]
+        return {
+            "group_size": self.size,
+            "group_key": self.key,
+            "instance_key": self._instance_key(device),
+            "communication_hint": hint(options, device),
+            "timeout": options.timeout_seconds or 0,
+            "ordering_token": self._token(device),
+        }
+
+    def all_reduce(
+        self, index: int, tensor: tf.Tensor, options: Options
+    ) -> tf.Tensor:
+        """The sum of `tensor` over the group, on member `index`'s device."""
+        with tf.device(self.devices[index]):
+            return _tf_internal.collective_ops().all_reduce_v2(
+                tensor,
+                name=f"{self.name}_all_reduce",
+                **self._common(index, options),
+            )
+
+    def all_gather(
+        self, index: int, tensor: tf.Tensor, options: Options
+    ) -> tf.Tensor:
+        """Every member's `tensor` (same shapes) concatenated on axis 0.
+
+        Members come in TensorFlow's group order: worker by worker, and
+        each worker's devices in order.
+        """
+        with tf.device(self.devices[index]):
+            return _tf_internal.collective_ops().all_gather_v2(
+                tensor,
+                name=f"{self.name}_all_gather",
+                **self._common(index, options),
+            )
+
+    def all_gather_ragged(
+        self, index: int, tensor: tf.Tensor, options: Options
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Every member's `tensor` concatenated on axis 0, any first dims.
+
+        Each member pads its tensor to the longest first dimension in the
+        group, all-gathers, and drops the padding.
+
+        Returns:
+            (the concatenation, each member's first dimension).
+        """
+        with tf.device(self.devices[index]):
+            rows = tf.shape(tensor, out_type=tf.int64)[:1]
+            all_rows = self.all_gather(index, rows, options)
+            longest = tf.reduce_max(all_rows)
+            padding = tf.concat(
+                [
+                    [[0, longest - rows[0]]],
+                    tf.zeros([tf.rank(tensor) - 1, 2], tf.int64),
+                ],
+                axis=0,
+            )
+            padded = tf.pad(tensor, padding)
+            gathered = self.all_gather(index, padded, options)
+            keep = tf.reshape(tf.sequence_mask(all_rows, longest), [-1])
+            return tf.boolean_mask(gathered, keep), all_rows
+
+
+def hint(options: Options, device: str) -> str:
+    """The communication hint for `device`: NCCL only on GPUs."""
+    implementation = options.implementation
+    if implementation == _NCCL and not _is_gpu(device):
+        _log_nccl_fallback()
+        return "ring"
+    return implementation.value.lower()
+
+
+def _is_gpu(device: str) -> bool:
+    return devices_lib.parse_device(device).device_type == "GPU"
+
+
+_nccl_fallback_logged = False
+
+
+def _log_nccl_fallback() -> None:
+    global _nccl_fallback_logged
+    if not _nccl_fallback_logged:
+        _nccl_fallback_logged = True
+        logging.warning(
+            "tf_crossdevice: implementation=NCCL needs GPUs; collectives on "
+            "other devices use RING"
+        )

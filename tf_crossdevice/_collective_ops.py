@@ -32,10 +32,10 @@ class CollectiveAllReduce(CollectiveOpsBase):
 
     Pass it to `tf_crossdevice.MultiWorkerMirroredStrategy` on every worker:
 
-    >>> strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
-    ...     cross_device_ops=tf_crossdevice.CollectiveAllReduce(
-    ...         options=tf.distribute.experimental.CommunicationOptions(
-    ...             bytes_per_pack=4 << 20, timeout_seconds=120)))
+        strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+            cross_device_ops=tf_crossdevice.CollectiveAllReduce(
+                options=tf.distribute.experimental.CommunicationOptions(
+                    bytes_per_pack=4 << 20, timeout_seconds=120)))
 
     The strategy tells it the workers and the local devices. Under
     `tf.distribute.MirroredStrategy` it reduces between the local devices

@@ -40,9 +40,9 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
     Pass it to `tf_crossdevice.MultiWorkerMirroredStrategy` on every worker;
     the strategy tells it the workers and the local devices:
 
-    >>> strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
-    ...     cross_device_ops=tf_crossdevice.HierarchicalCollectiveAllReduce(),
-    ...     local_devices=["/cpu:0", "/cpu:1"])
+        strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+            cross_device_ops=tf_crossdevice.HierarchicalCollectiveAllReduce(),
+            local_devices=["/cpu:0", "/cpu:1"])
 
     Args:
         local_cross_device_ops: sums each pack inside a worker: any

@@ -12,10 +12,9 @@ SIGTERM, when a peer never starts). `wait_for_peers` is the bounded
 replacement: it asks each peer's server whether it is up, and names those
 that are not.
 
->>> cluster = tf_crossdevice.enable_collectives()   # reads TF_CONFIG
->>> tf_crossdevice.wait_for_peers(cluster, timeout_seconds=60)
->>> cluster.num_workers, cluster.task_id
-(2, 0)
+    cluster = tf_crossdevice.enable_collectives()  # reads TF_CONFIG
+    tf_crossdevice.wait_for_peers(cluster, timeout_seconds=60)
+    print(cluster.num_workers, cluster.task_id)  # e.g. 2 0
 
 `tf_crossdevice.MultiWorkerMirroredStrategy` calls both; a custom program
 that launches collectives itself may call them directly.

@@ -3,11 +3,11 @@
 Every worker process runs the same program with its own `TF_CONFIG` (or
 cluster resolver) and builds
 
->>> strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
-...     cross_device_ops=tf_crossdevice.HierarchicalCollectiveAllReduce(),
-...     communication_options=tf.distribute.experimental.CommunicationOptions(
-...         timeout_seconds=300),
-...     local_devices=["/cpu:0", "/cpu:1"])
+    strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+        cross_device_ops=tf_crossdevice.HierarchicalCollectiveAllReduce(),
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=300),
+        local_devices=["/cpu:0", "/cpu:1"])
 
 It is a `tf.distribute.MultiWorkerMirroredStrategy` (Keras and `isinstance`
 checks see one): `num_replicas_in_sync` counts every replica of every

@@ -12,7 +12,12 @@ PUBLIC_SUBMODULES = {
     "compat",
     "cluster",
     "multi_worker",
+    "collective_runtime",
+    "strategy",
+    "launch",
 }
+# Public classes that are not CrossDeviceOps.
+OTHER_CLASSES = {"MultiWorkerMirroredStrategy", "CollectiveCluster"}
 
 
 def test_all_names_exist_and_are_public():
@@ -35,7 +40,7 @@ def test_nothing_private_leaks():
 def test_every_class_is_a_cross_device_ops_with_a_docstring_example():
     for name in tf_crossdevice.__all__:
         value = getattr(tf_crossdevice, name)
-        if inspect.isclass(value):
+        if inspect.isclass(value) and name not in OTHER_CLASSES:
             assert issubclass(value, tf.distribute.CrossDeviceOps), name
         if callable(value):
             assert ">>>" in (value.__doc__ or ""), f"{name} has no example"

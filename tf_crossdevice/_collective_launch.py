@@ -74,6 +74,11 @@ class Group:
             )
 
     def _token(self, device: str) -> Any:
+        if not tf.compat.v1.executing_eagerly_outside_functions():
+            # A TF 1 graph runs its ops in dependency order, and a variable
+            # would need a Session to initialize it (TensorFlow's launcher
+            # also orders only in TF 2).
+            return None
         if device not in self._tokens:
             with tf.init_scope(), tf.device(device):
                 self._tokens[device] = _tf_internal.new_resource_variable(0.0)

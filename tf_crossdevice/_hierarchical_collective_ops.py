@@ -44,6 +44,16 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
             cross_device_ops=tf_crossdevice.HierarchicalCollectiveAllReduce(),
             local_devices=["/cpu:0", "/cpu:1"])
 
+    Within one process (one worker) it is the local reduction plus a
+    collective of one:
+
+    >>> ops = tf_crossdevice.HierarchicalCollectiveAllReduce(
+    ...     tf_crossdevice.ReductionToOneDevice())
+    >>> value = tf_crossdevice.testing.per_replica(
+    ...     [tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])])
+    >>> [v.numpy().tolist() for v in ops.reduce("sum", value).values]
+    [[4.0, 6.0], [4.0, 6.0]]
+
     Args:
         local_cross_device_ops: sums each pack inside a worker: any
             single-worker CrossDeviceOps (its `reduce` to the first local

@@ -39,6 +39,12 @@ _WAITING_LOG_SECONDS = 30.0
 class CollectiveCluster:
     """This process's place in a collective cluster.
 
+    >>> spec = tf.train.ClusterSpec(
+    ...     {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]})
+    >>> cluster = tf_crossdevice.CollectiveCluster(spec, "worker", 1, 2)
+    >>> cluster.peers, cluster.address(cluster.peers[0])
+    (['/job:worker/replica:0/task:0'], '127.0.0.1:2222')
+
     Attributes:
         cluster_spec: the normalized cluster (None for a single process
             without one).
@@ -110,6 +116,11 @@ def enable_collectives(
             (`tf.distribute.cluster_resolver.TFConfigClusterResolver`). A
             resolver without a cluster spec means a single process: nothing is
             started and collectives run between this process's devices.
+
+    >>> resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+    ...     tf.train.ClusterSpec({}))  # no cluster: this process alone
+    >>> tf_crossdevice.enable_collectives(resolver).num_workers
+    1
 
     Returns:
         The CollectiveCluster.
@@ -213,6 +224,9 @@ def wait_for_peers(
     waits as long as it takes, logging every 30 s which peers it waits for
     (and a SIGTERM or Ctrl-C ends it, unlike TensorFlow's registration
     barrier).
+
+    >>> alone = tf_crossdevice.CollectiveCluster(None, "worker", 0, 1)
+    >>> tf_crossdevice.wait_for_peers(alone, timeout_seconds=1)  # no peers
 
     Raises:
         tf.errors.DeadlineExceededError: a peer did not answer within

@@ -53,6 +53,19 @@ _Strategy, _TFExtended = _tf_internal.multi_worker_strategy_parts()
 class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     """Between-graph synchronous training with tf_crossdevice's collectives.
 
+    Without `TF_CONFIG` (or a cluster) one process trains alone:
+
+    >>> strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+    ...     local_devices=["/cpu:0", "/cpu:1"])
+    >>> strategy.num_replicas_in_sync
+    2
+    >>> @tf.function
+    ... def step():
+    ...     ctx = tf.distribute.get_replica_context()
+    ...     return ctx.all_reduce("sum", ctx.replica_id_in_sync_group + 1)
+    >>> [int(v) for v in strategy.experimental_local_results(strategy.run(step))]
+    [3, 3]
+
     Args:
         cross_device_ops: `tf_crossdevice.CollectiveAllReduce` (default) or
             `tf_crossdevice.HierarchicalCollectiveAllReduce`. The strategy

@@ -1,0 +1,86 @@
+"""Tests of tf_crossdevice.launch with real (TensorFlow-free) children."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import psutil
+import pytest
+
+from tf_crossdevice import launch
+
+# Prints its task index; exits with the code in argv[1] for task 1.
+CHILD = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print("task", task, "of", len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]), flush=True)
+if task == 1:
+    sys.exit(int(sys.argv[1]))
+if len(sys.argv) > 2:
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_tf_config_envs_give_one_cluster_and_each_task():
+    envs = launch.tf_config_envs(3)
+    configs = [json.loads(e["TF_CONFIG"]) for e in envs]
+    assert [c["task"] for c in configs] == [
+        {"type": "worker", "index": i} for i in range(3)
+    ]
+    clusters = [c["cluster"] for c in configs]
+    assert all(c == clusters[0] for c in clusters)
+    addresses = clusters[0]["worker"]
+    assert len(set(addresses)) == 3
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+
+
+def test_every_worker_runs_with_its_task(capsys):
+    codes = launch.run_local_job([sys.executable, "-c", CHILD, "0"], 3)
+    assert codes == [0, 0, 0]
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(out) == [f"[worker {i}] task {i} of 3" for i in range(3)]
+
+
+def test_a_failing_worker_stops_the_others_after_the_grace_period():
+    start = time.monotonic()
+    codes = launch.run_local_job(
+        [sys.executable, "-c", CHILD, "3", "120"],
+        2,
+        grace_seconds=1,
+        echo=False,
+    )
+    assert codes[1] == 3
+    assert codes[0] != 0  # Stopped, not finished: it sleeps 120 s.
+    assert time.monotonic() - start < 60
+
+
+def test_timeout_stops_every_worker():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    codes = launch.run_local_job(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        2,
+        timeout_seconds=2,
+        echo=False,
+    )
+    assert all(c is not None and c < 0 for c in codes)
+    after = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert after <= before
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"argv": "python x.py", "num_workers": 2}, TypeError, "argv"),
+        ({"argv": ["python"], "num_workers": 0}, ValueError, "num_workers"),
+        (
+            {"argv": ["python"], "num_workers": 1, "timeout_seconds": 0},
+            ValueError,
+            "timeout_seconds",
+        ),
+    ],
+)
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        launch.run_local_job(**kwargs)

@@ -2,14 +2,17 @@
 
 Runs the single-process groups (every workload on 2, 4 and 8 logical CPU
 devices, each group in a process of its own), then the multi-worker groups
-(2 and 3 worker processes), prints the table and writes `results.txt`,
-`results.md`, `results.json` and `time_vs_size.png` to `--output_dir`. Exit
-code 0 when every result was verified and timed, 2 when something failed
-(its row says why), 1 on a usage error.
+(2 and 3 worker processes, with 1 and 2 local devices each: ours in
+tf_crossdevice's MultiWorkerMirroredStrategy against TensorFlow's, whose
+worker holds the sum of its local devices' values), prints the table and
+writes `results.txt`, `results.md`, `results.json` and `time_vs_size.png`
+to `--output_dir`. Exit code 0 when every result was verified and timed, 2
+when something failed (its row says why), 1 on a usage error.
 
 `--quick` (a few minutes on two shared cores) uses stand-ins: the first 24
 ResNet-50 tensors, 32 small tensors, two sweep sizes, 4 devices, 2 workers
-and a few candidates per family. Flags given explicitly win over it.
+with 1 local device and a few candidates per family. Flags given explicitly
+win over it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ QUICK_DEFAULTS: dict[str, Any] = {
     "workloads": ["resnet50", "many_small", "sweep"],
     "devices": ["4"],
     "workers": ["2"],
+    "local_devices": ["1"],
     "multi_worker_workloads": ["resnet50"],
     "rounds": 5,
     "target_seconds": 0.02,
@@ -54,6 +58,11 @@ def define_flags() -> None:
     flags.DEFINE_list("workloads", list(WORKLOADS), "Single-process sets.")
     flags.DEFINE_list("devices", ["2", "4", "8"], "Logical CPU device counts.")
     flags.DEFINE_list("workers", ["2", "3"], "Worker process counts.")
+    flags.DEFINE_list(
+        "local_devices",
+        ["1", "2"],
+        "Logical CPU devices per worker process (multi-worker groups).",
+    )
     flags.DEFINE_list(
         "multi_worker_workloads",
         ["resnet50", "many_small"],
@@ -97,6 +106,11 @@ def define_flags() -> None:
             lambda values: all(v.isdigit() and int(v) >= 2 for v in values),
             f"--{name}: expected whole numbers of at least 2",
         )
+    flags.register_validator(
+        "local_devices",
+        lambda values: all(v.isdigit() and int(v) >= 1 for v in values),
+        "--local_devices: expected whole numbers of at least 1",
+    )
 
 
 def _workloads(flag: str) -> list[Any]:
@@ -168,6 +182,7 @@ def main(argv: list[str]) -> int:
         tf.get_logger().setLevel("ERROR")
     devices = [int(v) for v in FLAGS.devices]
     workers = [int(v) for v in FLAGS.workers]
+    local_devices = [int(v) for v in FLAGS.local_devices]
     single = _workloads("workloads")
     across = _workloads("multi_worker_workloads")
     missing = missing_extras()
@@ -202,6 +217,7 @@ def main(argv: list[str]) -> int:
     ]
     across_candidates = {
         w.name: candidates_lib.multi_worker_candidates(w, FLAGS.quick)
+        + candidates_lib.strategy_candidates(FLAGS.quick)
         for w in (across if workers else [])
     }
     every = [c for _, _, group in plan for c in group]
@@ -226,7 +242,7 @@ def main(argv: list[str]) -> int:
         run.write(output / "results.json")
 
     with tqdm.tqdm(
-        total=len(plan) + len(workers) * len(across),
+        total=len(plan) + len(workers) * len(across) * len(local_devices),
         file=sys.stderr,
         disable=not FLAGS.progress,
         unit="group",
@@ -243,9 +259,9 @@ def main(argv: list[str]) -> int:
             save_partial()
         for p in workers:
             groups += groups_lib.multi_worker(
-                across, p, config, candidates_of, describe
+                across, p, config, candidates_of, describe, local_devices
             )
-            bar.update(len(across))
+            bar.update(len(across) * len(local_devices))
             save_partial()
 
     meta["seconds"] = time.time() - started

@@ -47,6 +47,9 @@ MULTI_WORKER_SPECS: tuple[Any, ...] = (
     "rechd",
 )
 MWMS_BYTES_PER_PACK = (4 << 20, 32 << 20)
+# Our collectives, each inside tf_crossdevice.MultiWorkerMirroredStrategy.
+STRATEGY_OPS = ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
+STRATEGY_BYTES_PER_PACK = (0, 4 << 20)  # 0: the class's own choice
 # Our algorithms the single-process groups leave out, and why.
 SKIPPED = {
     "ours NcclAllReduce, SpecAllReduce nccl (and nccl/*)": "NCCL has no CPU "
@@ -137,7 +140,8 @@ def multi_worker_candidates(
 
     Ours run in one client driving the workers (MultiWorkerAllReduce);
     MultiWorkerMirroredStrategy ("mwms", default options: AUTO, which is
-    RING on CPU, one pack) runs between-graph.
+    RING on CPU, one pack) runs between-graph. Our between-graph ones are
+    `strategy_candidates`.
     """
     out = [
         Candidate("TF MWMS default", "tf", "mwms"),
@@ -162,6 +166,27 @@ def multi_worker_candidates(
     settings = [(s, p) for s in specs for p in packings]
     out += _ours("MultiWorkerAllReduce", "ours_multi_worker", settings)
     return [c for c in out if _applies(c, workload)]
+
+
+def strategy_candidates(quick: bool = False) -> list[Candidate]:
+    """Ours between-graph ("ours_mwms"): CollectiveAllReduce and
+    HierarchicalCollectiveAllReduce in tf_crossdevice's
+    MultiWorkerMirroredStrategy, one process per worker with k local
+    devices, each class with its default packing and (unless `quick`)
+    bytes_per_pack=4MiB.
+
+    >>> [c.name for c in strategy_candidates(quick=True)]
+    ['ours CollectiveAllReduce', 'ours HierarchicalCollectiveAllReduce']
+    """
+    out = []
+    for ops in STRATEGY_OPS:
+        for size in STRATEGY_BYTES_PER_PACK[: 1 if quick else None]:
+            label = f" bytes_per_pack={size >> 20}MiB" if size else ""
+            kwargs = {"cross_device_ops": ops, "bytes_per_pack": size}
+            out.append(
+                Candidate(f"ours {ops}{label}", "ours", "ours_mwms", kwargs)
+            )
+    return out
 
 
 def _compile(patterns: str) -> list[re.Pattern[str]]:
@@ -228,8 +253,8 @@ def build(candidate: Candidate, devices: Sequence[str]) -> Any:
     standing in for `batch_reduce`. Call outside `tf.function`.
 
     Raises:
-        ValueError: a kind that cannot be built here ("mwms" runs in its
-            own processes).
+        ValueError: a kind that cannot be built here ("mwms" and
+            "ours_mwms" run in their own processes).
     """
     import tensorflow as tf
 

@@ -6,8 +6,12 @@ round, in interleaved rounds, and the finalists again
 (`records.timed_group`). One process, n devices: a fresh session per group
 runs the candidates, the rooflines (`roofline.py`), a bound (packing and
 unpacking alone) and the baselines. p workers, one CPU replica each: a
-session drives `tf_crossdevice.cluster` workers in one graph, and p
-MultiWorkerMirroredStrategy sessions hold the same values.
+session drives `tf_crossdevice.cluster` workers in one graph, p
+MultiWorkerMirroredStrategy sessions hold the same values, and p sessions
+of tf_crossdevice's MultiWorkerMirroredStrategy run our collectives. p
+workers with k > 1 local devices: ours with k replicas per worker against
+TensorFlow's strategy holding each worker's sum of them (same global data,
+same result: see `sessions.py`), and the rooflines.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import pathlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -23,7 +26,7 @@ from typing import Any
 from benchmarks import candidates as candidates_lib
 from benchmarks import records, roofline, sessions, targets
 from benchmarks import workloads as workloads_lib
-from tf_crossdevice import _measure, _processes, cluster
+from tf_crossdevice import _measure, _processes, cluster, launch
 
 ChildError = _processes.ChildError
 # The checkout: sessions run `python -m benchmarks.sessions` from there.
@@ -67,8 +70,8 @@ class Sessions:
     """`sessions.py` processes that get every command and answer it once each.
 
     One per entry of `envs` (its extra environment variables), each holding
-    `role` ("in_graph" or "mwms"), set up with `setup` and `config`'s seed
-    and warmup (ChildError if a session cannot start or set up).
+    `role` ("in_graph", "mwms" or "ours_mwms"), set up with `setup` and
+    `config`'s seed and warmup (ChildError if a session cannot start or set up).
     """
 
     def __init__(
@@ -158,16 +161,6 @@ class Sessions:
         self.stop()
 
 
-def tf_config_envs(num_workers: int) -> list[dict[str, str]]:
-    """Each task's TF_CONFIG for a cluster on free ports."""
-    ports = _processes.free_ports(num_workers)
-    spec = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    tasks = [{"type": "worker", "index": i} for i in range(num_workers)]
-    return [
-        {"TF_CONFIG": json.dumps({"cluster": spec, "task": t})} for t in tasks
-    ]
-
-
 def single_process(
     workload: workloads_lib.Workload,
     num_devices: int,
@@ -206,8 +199,11 @@ def multi_worker(
     config: Config,
     candidates_of: Callable[[workloads_lib.Workload], list[Any]],
     describe: Describe = lambda s: None,
+    local_devices: Sequence[int] = (1,),
 ) -> list[records.Group]:
-    """Verifies and times each workload's candidates across workers.
+    """Verifies and times each workload's candidates across workers, with
+    each of `local_devices` devices per worker (k > 1: only the
+    between-graph strategies and the rooflines).
 
     Groups that could not be measured say why (`error`).
     """
@@ -216,28 +212,78 @@ def multi_worker(
         "rooflines time a one-way copy of the workload's bytes; roofline "
         "time = that * 2(p-1)/p, a ring's bytes per worker"
     )
-    out = [
-        records.Group.of("multi_worker", w, num_workers, note=note)
+    out = {
+        (k, w.name): records.Group.of(
+            "multi_worker", w, num_workers, note=note, local_devices=k
+        )
+        for k in local_devices
         for w in workloads
-    ]
+    }
     with (
-        _failing_in(out),
+        _failing_in(list(out.values())),
         cluster.start_local_cluster(num_workers, cpus_per_worker=1) as workers,
         Sessions(
             "in_graph", {"cluster": workers.cluster_spec.as_dict()}, config
         ) as client,
-        Sessions("mwms", {}, config, tf_config_envs(num_workers)) as mwms,
+        Sessions(
+            "mwms", {}, config, launch.tf_config_envs(num_workers)
+        ) as mwms,
     ):
-        for group, w in zip(out, workloads, strict=True):
-            on = {sessions.MWMS_BASELINE: mwms, ROOFLINE_TCP: None}
-            entries = [(*e, on.get(e[0], client), None) for e in MULTI_WORKER]
-            for c in candidates_of(w):
-                baseline, side = sessions.INPUTS_BASELINE, client
-                if c.kind == "mwms":
-                    baseline, side = sessions.MWMS_BASELINE, mwms
-                entries.append((c.name, c.family, baseline, side, c))
-            _measure_group(group, w, entries, config, describe)
-    return out
+        for k in local_devices:
+            groups = [out[k, w.name] for w in workloads]
+            with _failing_in(groups), contextlib.ExitStack() as stack:
+                ours = None
+                if any(
+                    c.kind == "ours_mwms"
+                    for w in workloads
+                    for c in candidates_of(w)
+                ):
+                    describe(f"x{num_workers}x{k} workers: our strategy")
+                    ours = stack.enter_context(
+                        Sessions(
+                            "ours_mwms",
+                            {"local_devices": k},
+                            config,
+                            launch.tf_config_envs(num_workers),
+                        )
+                    )
+                for group, w in zip(groups, workloads, strict=True):
+                    entries = _multi_worker_entries(
+                        candidates_of(w), k, client, mwms, ours
+                    )
+                    _measure_group(group, w, entries, config, describe)
+    return list(out.values())
+
+
+def _multi_worker_entries(
+    candidates: Sequence[Any],
+    local_devices: int,
+    client: Sessions,
+    mwms: Sessions,
+    ours: Sessions | None,
+) -> list[tuple[str, str, str | None, Sessions | None, Any]]:
+    """A multi-worker group's entries: (name, family, baseline, sessions,
+    candidate); with k > 1 local devices, the between-graph ones only."""
+    sides = {sessions.MWMS_BASELINE: mwms, ROOFLINE_TCP: None}
+    entries = [
+        (*e, sides.get(e[0], client), None)
+        for e in MULTI_WORKER
+        if local_devices == 1 or e[0] != sessions.INPUTS_BASELINE
+    ]
+    if ours is not None:
+        entries.append(
+            (sessions.OURS_MWMS_BASELINE, "baseline", None, ours, None)
+        )
+    for c in candidates:
+        baseline, side = sessions.INPUTS_BASELINE, client
+        if c.kind == "mwms":
+            baseline, side = sessions.MWMS_BASELINE, mwms
+        elif c.kind == "ours_mwms":
+            baseline, side = sessions.OURS_MWMS_BASELINE, ours
+        elif local_devices > 1:
+            continue  # one replica per worker: not this group's setting
+        entries.append((c.name, c.family, baseline, side, c))
+    return entries
 
 
 @contextlib.contextmanager
@@ -265,8 +311,9 @@ def _measure_group(
     sides = list(dict.fromkeys(e[3] for e in entries if e[3] is not None))
     loaded: dict[Any, str | None] = {}
     for side in sides:
+        command = {"cmd": "load", "shapes": workload.shapes}
         try:
-            side.request({"cmd": "load", "shapes": workload.shapes})
+            side.request(command | {"local_devices": group.local_devices})
             loaded[side] = None
         except ChildError as e:
             loaded[side] = f"could not load the workload: {e}"
@@ -298,7 +345,7 @@ def _measure_group(
             prepared,
             timers,
             config,
-            targets.REFERENCES,
+            targets.references,
             (lambda s: s * factor) if group.setting == "multi_worker" else None,
         )
     finally:

@@ -88,6 +88,9 @@ class Group:
     confirmed_rounds: int = 0
     peak_rss_bytes: int | None = None
     note: str = ""
+    # Across workers: each worker's local devices (replicas of ours; TF's
+    # MultiWorkerMirroredStrategy keeps one, see groups.multi_worker).
+    local_devices: int = 1
 
     @classmethod
     def of(cls, setting: str, workload: Any, n: int, **kw: Any) -> Group:
@@ -109,7 +112,21 @@ class Group:
         n = self.num_replicas
         if self.setting == "single_process":
             return f"single process, {n} logical CPU devices"
-        return f"{n} worker processes (one CPU replica each)"
+        if self.local_devices == 1:
+            return f"{n} worker processes (one CPU replica each)"
+        return (
+            f"{n} worker processes x {self.local_devices} local CPU devices "
+            "(TF MWMS: one replica each)"
+        )
+
+    def best_among(self, prefix: str) -> str | None:
+        """The fastest verified result whose name starts with `prefix`."""
+        timed = [
+            (r.time_seconds, r.name)
+            for r in self.results
+            if r.name.startswith(prefix) and r.ok and r.time_seconds
+        ]
+        return min(timed)[1] if timed else None
 
     def time(self, name: str | None) -> float | None:
         """`name`'s net time from the confirmation rounds, else the rounds."""
@@ -224,7 +241,7 @@ def add_results(
             r.ratio_to_tf_best = tf_best / t if tf_best else None
 
 
-MAX_FINALISTS = 8  # best of each family, a bound, references, baselines
+MAX_FINALISTS = 8  # best of each family, a bound, references (not baselines)
 
 
 def timed_group(
@@ -233,7 +250,7 @@ def timed_group(
     prepared: dict[str, _measure.Prepared],
     timers: dict[str, _measure.TimeFn],
     config: Any,
-    references: Sequence[str] = (),
+    references: Sequence[str] | Callable[[Group], Sequence[str]] = (),
     roofline_time: Callable[[float], float] | None = None,
 ) -> Group:
     """Times the prepared entries in rounds, then the finalists again.
@@ -244,7 +261,8 @@ def timed_group(
         prepared: each entry's `_measure.prepare` outcome.
         timers: the entries that can be timed.
         config: rounds, target_seconds, max_reps, seed.
-        references: entries the targets compare with (re-timed too).
+        references: entries the targets compare with (re-timed too), or
+            a function of the group (after the rounds) naming them.
         roofline_time: see `add_results`.
     """
     reps = {
@@ -264,9 +282,10 @@ def timed_group(
     }
     results = [Result(n, f, b, timings[n]) for n, f, b in entries]
     add_results(group, results, roofline_time)
-    names = [n for n in finalists(group, references) if n in samples]
+    also = references(group) if callable(references) else references
+    names = [n for n in finalists(group, also) if n in samples]
     confirm, _ = _measure.interleaved_rounds(
-        {n: timers[n] for n in names[:MAX_FINALISTS]},
+        {n: timers[n] for n in names},
         reps,
         config.rounds,
         config.seed + 1,
@@ -281,11 +300,13 @@ def finalists(group: Group, also: Sequence[str] = ()) -> list[str]:
     The best of a family is a minimum over noisy medians, and the family
     with more candidates gets the luckier minimum; re-timing the chosen few
     side by side removes that bias. `also`: entries targets compare with.
+    At most MAX_FINALISTS entries (in that order), and all their baselines.
     """
     by_name = {r.name: r for r in group.results}
     bounds = [r.name for r in group.results if r.family == "bound"]
     chosen = [group.ours_best, group.tf_best, group.roofline, *bounds, *also]
     names = list(dict.fromkeys(n for n in chosen if n in by_name))
+    names = names[:MAX_FINALISTS]
     bases = [by_name[n].baseline for n in names if by_name[n].baseline]
     return names + list(dict.fromkeys(b for b in bases if b))
 

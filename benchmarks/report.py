@@ -180,6 +180,8 @@ def markdown_summary(run: Run) -> str:
             if g.setting == "single_process"
             else f"{n} worker processes"
         )
+        if g.local_devices > 1:
+            setting += f" x {g.local_devices} local devices"
         head = f"| {g.workload} | {setting} | {g.num_tensors} / "
         head += f"{format_size(g.size_bytes)} |"
         if g.error or g.skipped:

@@ -5,12 +5,23 @@
   given a cluster spec, on `tf_crossdevice.cluster` workers that it drives
   in one graph (MultiWorkerAllReduce, TF's ReductionToOneDevice);
 - "mwms": one of p `MultiWorkerMirroredStrategy` processes (TF_CONFIG set
-  by the parent) running its collective all-reduce between-graph.
+  by the parent) running its collective all-reduce between-graph;
+- "ours_mwms": one of p `tf_crossdevice.MultiWorkerMirroredStrategy`
+  processes with k local logical CPU devices (k replicas per worker),
+  running our CollectiveAllReduce or HierarchicalCollectiveAllReduce.
+
+With k local devices per worker, replica r = task * k + i holds replica r's
+values (`_measure.Inputs`) and every result is their sum over all p * k
+replicas. TensorFlow's strategy has one CPU replica per worker: its worker
+holds the sum of the k values our worker's devices hold (what one device
+computing the worker's whole batch would hold), summed once when loaded,
+so both reduce the same global data to the same result, checked the same
+way, and both send one workload of bytes per worker between workers.
 
 Commands (JSON lines, `tf_crossdevice._processes`): the setup, then load a
 workload, prepare an entry (build, check against numpy, warm up), time n
 calls of it, unload. Started by `groups.Sessions` as
-`python -m benchmarks.sessions --role=in_graph|mwms`.
+`python -m benchmarks.sessions --role=in_graph|mwms|ours_mwms`.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ INPUTS_BASELINE = "baseline: inputs only"
 FLAT_BASELINE = "baseline: flat buffers only"
 IDLE_BASELINE = "baseline: two workers, no transfer"
 MWMS_BASELINE = "baseline: inputs only (MWMS)"
+OURS_MWMS_BASELINE = "baseline: inputs only (our strategy)"
 ROOFLINE_ADD_N = "roofline: tf.add_n"
 ROOFLINE_ADD_N_PER_CORE = "roofline: tf.add_n per core"
 ROOFLINE_NUMPY = "roofline: numpy"
@@ -55,6 +67,7 @@ class Session:
 
     first_replica: int = 0
     total_replicas: int | None = None
+    task: int = 0
 
     def __init__(self, setup: dict[str, Any]):
         self.seed, self.warmup = setup["seed"], setup["warmup"]
@@ -70,12 +83,9 @@ class Session:
                 close()
             self.calls, self.closers, self.inputs = {}, [], None
             if cmd == "load":
-                self.inputs = _measure.Inputs(
+                self.inputs = self.load(
                     [(tuple(s), "float32") for s in command["shapes"]],
-                    self.devices,
-                    self.seed,
-                    self.first_replica,
-                    self.total_replicas,
+                    command.get("local_devices", 1),
                 )
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             return {"peak_rss_bytes": peak}
@@ -93,6 +103,17 @@ class Session:
             call = self.calls[command["name"]]
             return {"seconds": _measure.time_calls(call, command["reps"])}
         raise ValueError(f"command: unknown {cmd!r}")
+
+    def load(self, gradients: Any, local_devices: int) -> _measure.Inputs:
+        """This process's replicas' inputs (`local_devices`: per worker)."""
+        del local_devices  # one replica per device here
+        return _measure.Inputs(
+            gradients,
+            self.devices,
+            self.seed,
+            self.first_replica,
+            self.total_replicas,
+        )
 
     def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
         raise NotImplementedError
@@ -201,8 +222,32 @@ class Mwms(Session):
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
         resolver = self.strategy.cluster_resolver
         self.devices = list(self.strategy.extended.worker_devices[:1])
-        self.first_replica = resolver.task_id
+        self.first_replica = self.task = resolver.task_id
         self.total_replicas = len(resolver.cluster_spec().as_dict()["worker"])
+
+    def load(self, gradients: Any, local_devices: int) -> _measure.Inputs:
+        """One replica holding the sum of the `local_devices` replicas that
+        our strategy's worker holds (see the module's docstring)."""
+        if local_devices == 1:
+            return super().load(gradients, 1)
+        assert self.total_replicas is not None
+        inputs = _measure.Inputs(
+            gradients,
+            self.devices * local_devices,
+            self.seed,
+            self.task * local_devices,
+            self.total_replicas * local_devices,
+        )
+        with tf.device(self.devices[0]):
+            summed = {
+                dtype: tf.Variable(
+                    tf.add_n([v[dtype] for v in inputs.variables]),
+                    trainable=False,
+                )
+                for dtype in inputs.layout
+            }
+        inputs.devices, inputs.variables = inputs.devices[:1], [summed]
+        return inputs
 
     def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
         inputs = self.inputs
@@ -228,7 +273,69 @@ class Mwms(Session):
         return _step(lambda: [[t] for t in run(replica_fn)], inputs.check)
 
 
-ROLES: dict[str, type[Session]] = {"in_graph": InGraph, "mwms": Mwms}
+class OursMwms(Session):
+    """One of p tf_crossdevice.MultiWorkerMirroredStrategy processes with
+    `local_devices` logical CPU devices (replica = task * k + device)."""
+
+    def __init__(self, setup: dict[str, Any]):
+        super().__init__(setup)
+        self.local_devices = setup["local_devices"]
+        testing.request_cpu_devices(self.local_devices)
+        self.strategies: dict[str, Any] = {}
+        strategy = self.strategy(STRATEGY_OPS[0], 0)  # peers are up
+        resolver = strategy.cluster_resolver
+        workers = len(resolver.cluster_spec().as_dict()["worker"])
+        self.devices = list(strategy.extended.worker_devices)
+        self.first_replica = resolver.task_id * self.local_devices
+        self.total_replicas = workers * self.local_devices
+
+    def strategy(self, ops: str, bytes_per_pack: int) -> Any:
+        """Our strategy with `ops` (a class name), built once per setting
+        (every worker builds them in the same order)."""
+        import tf_crossdevice
+
+        key = f"{ops} {bytes_per_pack}"
+        if key not in self.strategies:
+            options = tf.distribute.experimental.CommunicationOptions(
+                bytes_per_pack=bytes_per_pack
+            )
+            self.strategies[key] = tf_crossdevice.MultiWorkerMirroredStrategy(
+                cross_device_ops=getattr(tf_crossdevice, ops)(),
+                communication_options=options,
+                local_devices=[f"/cpu:{i}" for i in range(self.local_devices)],
+            )
+        return self.strategies[key]
+
+    def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
+        inputs = self.inputs
+        assert inputs is not None
+        if name == OURS_MWMS_BASELINE:
+            body = lambda: [list(v.values) for v in inputs.values()]  # noqa: E731
+            return _step(body, inputs.check_inputs)
+        assert candidate is not None
+        kwargs = candidate["kwargs"]
+        strategy = self.strategy(
+            kwargs["cross_device_ops"], kwargs["bytes_per_pack"]
+        )
+
+        def body() -> _measure.Results:
+            values = [(v, v) for v in inputs.values()]
+            reduced = strategy.extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM, values
+            )
+            return [
+                list(strategy.experimental_local_results(r)) for r in reduced
+            ]
+
+        return _step(body, inputs.check)
+
+
+STRATEGY_OPS = candidates_lib.STRATEGY_OPS
+ROLES: dict[str, type[Session]] = {
+    "in_graph": InGraph,
+    "mwms": Mwms,
+    "ours_mwms": OursMwms,
+}
 
 
 def main(argv: list[str]) -> int:

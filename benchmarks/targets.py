@@ -25,6 +25,13 @@ TARGETS = {
     ],
     ("resnet50", "multi_worker"): [("TF MWMS default", 1.5)],
 }
+# Issue #13: across workers with local devices, (workload, workers, local
+# devices) -> [(ours: the best whose name starts so, threshold)] against
+# MultiWorkerMirroredStrategy's best (default or a bytes_per_pack).
+HIERARCHICAL = "ours HierarchicalCollectiveAllReduce"
+FLAT = "ours CollectiveAllReduce"
+MWMS = "TF MWMS"
+LOCAL_TARGETS = {("resnet50", 2, 2): [(HIERARCHICAL, 1.5)]}
 # The entries the confirmation rounds re-time besides each family's best.
 REFERENCES = tuple(
     name
@@ -32,6 +39,17 @@ REFERENCES = tuple(
     for name, _ in goals
     if name not in ("tf_best", "roofline")
 )
+
+
+def references(group: Group) -> list[str]:
+    """The entries a group's targets compare, for the confirmation rounds:
+    REFERENCES, and across workers the best of MWMS, of our hierarchical
+    and of our flat strategy."""
+    out = list(REFERENCES)
+    if group.setting == "multi_worker":
+        best = map(group.best_among, (MWMS, HIERARCHICAL, FLAT))
+        out += [name for name in best if name]
+    return out
 
 
 def _ms(seconds: float | None) -> str:
@@ -47,6 +65,13 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
     for g in groups:
         base = re.sub(r"\[.*\]$", "", g.workload)
         stand_in = g.workload not in ("resnet50", "many_small")
+        if g.local_devices > 1:
+            key = (base, g.num_replicas, g.local_devices)
+            out += [
+                _local_target(g, ours, threshold, stand_in)
+                for ours, threshold in LOCAL_TARGETS.get(key, [])
+            ]
+            continue
         goals = TARGETS.get((base, g.setting), [])
         if base == "resnet50" and g.num_replicas != 4 and not stand_in:
             goals = []  # single process: the 4-device group counts
@@ -82,6 +107,36 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
             name, note = f"{g.workload}, {g.scope}: {name}", note.strip("; ")
             out.append(Target(name, measured, threshold, met, stand_in, note))
     return out
+
+
+def _local_target(
+    g: Group, prefix: str, threshold: float, stand_in: bool
+) -> Target:
+    """Our best of `prefix` against MWMS's best, and what bounds it: the
+    TCP loopback roofline MWMS already reaches, our flat variant."""
+    ours_name, mwms_name = g.best_among(prefix), g.best_among(MWMS)
+    flat_name = g.best_among(FLAT)
+    ours, mwms, flat = map(g.time, (ours_name, mwms_name, flat_name))
+    roof = g.time(g.roofline)
+    measured = ratio(mwms, ours)
+    met = measured is not None and measured >= threshold
+    label = prefix.removeprefix("ours ")
+    name = f"{g.workload}, {g.scope}: {label} vs MWMS best"
+    note = (
+        f"{label} {_ms(ours)} ({ours_name}), MWMS best {_ms(mwms)} "
+        f"({mwms_name}), flat {_ms(flat)} ({flat_name}: "
+        f"{ratio(mwms, flat) or 0:.2f}x MWMS best), roofline {_ms(roof)} "
+        f"({g.roofline})"
+    )
+    if roof is not None and mwms is not None:
+        note += (
+            f"; MWMS best runs at {roof / mwms:.2f} of the roofline, so a "
+            f"reduction moving the same bytes is at most "
+            f"{mwms / roof:.2f}x faster than it"
+        )
+    if stand_in:
+        note = f"measured on a stand-in (smaller) workload; {note}"
+    return Target(name, measured, threshold, met, stand_in, note)
 
 
 def line(target: Target) -> str:

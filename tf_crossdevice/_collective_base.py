@@ -241,7 +241,9 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
                     sums[i] = per_device
             return sums
 
-        sums = _run_collectives(run)
+        sums = _run_collectives(
+            run, [list(self._devices_of(item)) for item in items]
+        )
         return [
             _route(sums[i], self._devices_of(item), item.destinations)
             for i, item in enumerate(items)
@@ -285,7 +287,9 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
                 for d, c in enumerate(item.components)
             ]
 
-        return _route(_run_collectives(run), devices, item.destinations)
+        return _route(
+            _run_collectives(run, list(devices)), devices, item.destinations
+        )
 
     # ---- Replica context ----------------------------------------------------
 
@@ -296,11 +300,30 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         )
 
 
-def _run_collectives(fn: Any) -> Any:
-    """`fn()`, inside a tf.function when executing eagerly."""
-    if tf.executing_eagerly():
-        return tf.function(fn, autograph=False)()
-    return fn()
+def _run_collectives(fn: Any, devices: Any) -> Any:
+    """`fn()`, inside a tf.function when executing eagerly.
+
+    `devices` has the structure of `fn`'s result, a device per value: a
+    tf.function's eager results come back on the caller's device, so each
+    is copied to where it was computed (free between a process's CPUs).
+    """
+    if not tf.executing_eagerly():
+        return fn()
+    results = tf.function(fn, autograph=False)()
+    return tf.nest.map_structure(
+        lambda value, device: value
+        if _base.canonical_device(_first_device(value), "value") == device
+        else _base.copy_value(value, device),
+        results,
+        devices,
+        check_types=False,
+    )
+
+
+def _first_device(value: Value) -> str:
+    if isinstance(value, tf.IndexedSlices):
+        return value.values.device
+    return value.device
 
 
 def _on_device(fn: Any, value: Value, device: str, *args: Any) -> Value:

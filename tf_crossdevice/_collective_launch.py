@@ -100,11 +100,13 @@ class Group:
     ) -> tf.Tensor:
         """The sum of `tensor` over the group, on member `index`'s device."""
         with tf.device(self.devices[index]):
-            return _tf_internal.collective_ops().all_reduce_v2(
-                tensor,
+            wire = _on_the_wire(tensor)
+            summed = _tf_internal.collective_ops().all_reduce_v2(
+                wire,
                 name=f"{self.name}_all_reduce",
                 **self._common(index, options),
             )
+            return summed if wire is tensor else tf.cast(summed, tensor.dtype)
 
     def all_gather(
         self, index: int, tensor: tf.Tensor, options: Options
@@ -115,11 +117,15 @@ class Group:
         each worker's devices in order.
         """
         with tf.device(self.devices[index]):
-            return _tf_internal.collective_ops().all_gather_v2(
-                tensor,
+            wire = _on_the_wire(tensor)
+            gathered = _tf_internal.collective_ops().all_gather_v2(
+                wire,
                 name=f"{self.name}_all_gather",
                 **self._common(index, options),
             )
+            if wire is tensor:
+                return gathered
+            return tf.cast(gathered, tensor.dtype)
 
     def all_gather_ragged(
         self, index: int, tensor: tf.Tensor, options: Options
@@ -147,6 +153,32 @@ class Group:
             gathered = self.all_gather(index, padded, options)
             keep = tf.reshape(tf.sequence_mask(all_rows, longest), [-1])
             return tf.boolean_mask(gathered, keep), all_rows
+
+
+# The dtypes TensorFlow's collective kernels take, and what others travel as
+# (exactly: every value of the narrower type is one of the wider).
+_WIRE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+_WIDENED = {
+    tf.bfloat16: tf.float32,
+    tf.int8: tf.int32,
+    tf.int16: tf.int32,
+    tf.uint8: tf.int32,
+    tf.uint16: tf.int32,
+    tf.uint32: tf.int64,
+}
+
+
+def _on_the_wire(tensor: tf.Tensor) -> tf.Tensor:
+    """`tensor` itself if the kernels take its dtype, else widened."""
+    if tensor.dtype in _WIRE_DTYPES:
+        return tensor
+    if tensor.dtype in _WIDENED:
+        return tf.cast(tensor, _WIDENED[tensor.dtype])
+    raise TypeError(
+        f"values: TensorFlow's collective ops cannot carry {tensor.dtype.name}"
+        "; expected one of "
+        f"{', '.join(d.name for d in (*_WIRE_DTYPES, *_WIDENED))}"
+    )
 
 
 def hint(options: Options, device: str) -> str:

@@ -214,6 +214,16 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             reduce_op, self._items_from_pairs(value_destination_pairs), options
         )
 
+    def _items_from_pairs(self, value_destination_pairs: Any) -> list[Item]:
+        if isinstance(value_destination_pairs, (list, tuple)):
+            value_destination_pairs = [
+                (pair[0], _unplaced_to_none(pair[0], pair[1]))
+                if isinstance(pair, (list, tuple)) and len(pair) == 2
+                else pair
+                for pair in value_destination_pairs
+            ]
+        return super()._items_from_pairs(value_destination_pairs)
+
     def _reduce_all(
         self, reduce_op: ReduceOp, items: list[Item], options: Options
     ) -> list[Any]:
@@ -258,7 +268,10 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         _checks.integer(axis, "axis")
         options = self._call_options(options)
         item = _base.make_item(
-            per_replica_value, destinations, "per_replica_value", axis
+            per_replica_value,
+            _unplaced_to_none(per_replica_value, destinations),
+            "per_replica_value",
+            axis,
         )
         devices = self._devices_of(item)
         first = item.components[0]
@@ -298,6 +311,25 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             f"{type(self).__name__} reduces in cross-replica context "
             "(merge_call) only"
         )
+
+
+def _unplaced_to_none(value: Any, destinations: Any) -> Any:
+    """None for destinations '' that are an unplaced tensor's own device.
+
+    ReplicaContext.all_reduce and all_gather merge_call with each tensor's
+    own device as its destinations (TensorFlow's _batch_reduce_destination).
+    With one local replica, inside a tf.function, that device is '': the
+    tensor was left for TensorFlow to place, and '' means "where the value
+    is", as None does. Refusing it made replica-context all_reduce and
+    all_gather fail with one device per worker (TensorFlow's own strategy
+    fails there too: "destinations can not be empty").
+    """
+    if (
+        isinstance(destinations, str)
+        and destinations == getattr(value, "device", None) == ""
+    ):
+        return None
+    return destinations
 
 
 def _run_collectives(fn: Any, devices: Any) -> Any:

@@ -7,6 +7,8 @@ collective code paths against numpy. Several workers: the multi-process
 tests (collective_matrix_test.py and others).
 """
 
+import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_crossdevice
@@ -18,16 +20,6 @@ class TestCollectiveAllReduce(contract.CrossDeviceOpsContract):
         return tf_crossdevice.CollectiveAllReduce()
 
 
-class TestCollectiveAllReduceOneValuePerPack(contract.CrossDeviceOpsContract):
-    def make_ops(self):
-        return tf_crossdevice.CollectiveAllReduce(
-            all_reduce_merge_scope=1,
-            options=tf.distribute.experimental.CommunicationOptions(
-                implementation="RING", timeout_seconds=120
-            ),
-        )
-
-
 class TestHierarchicalCollectiveAllReduce(contract.CrossDeviceOpsContract):
     def make_ops(self):
         return tf_crossdevice.HierarchicalCollectiveAllReduce(
@@ -35,4 +27,87 @@ class TestHierarchicalCollectiveAllReduce(contract.CrossDeviceOpsContract):
             options=tf.distribute.experimental.CommunicationOptions(
                 bytes_per_pack=64
             ),
+        )
+
+
+def _collectives_per_device(ops, values):
+    """Reduces in a tf.function; counts its all-reduce ops per device."""
+
+    @tf.function
+    def step():
+        pairs = [(v, v) for v in values]
+        return [r.values for r in ops.batch_reduce("sum", pairs)]
+
+    graph = step.get_concrete_function().graph
+    counts = {}
+    for op in graph.get_operations():
+        if op.type == "CollectiveReduceV2":
+            counts[op.device] = counts.get(op.device, 0) + 1
+    results = step()
+    return counts, [[t.numpy() for t in r] for r in results]
+
+
+def test_all_reduce_merge_scope_counts_values_per_collective():
+    devices = tf_crossdevice.testing.cpu_devices(2)
+    values = [
+        tf_crossdevice.testing.per_replica(
+            [tf.fill([2], float(10 * i + d)) for d in range(2)], devices
+        )
+        for i in range(5)
+    ]
+    for scope, packs in ((1, 5), (2, 3), (32, 1)):
+        ops = tf_crossdevice.CollectiveAllReduce(all_reduce_merge_scope=scope)
+        counts, results = _collectives_per_device(ops, values)
+        assert sorted(counts.values()) == [packs, packs], (scope, counts)
+        for i, per_device in enumerate(results):
+            for got in per_device:
+                np.testing.assert_array_equal(got, [20.0 * i + 1] * 2)
+
+
+def test_bytes_per_pack_overrides_the_merge_scope():
+    devices = tf_crossdevice.testing.cpu_devices(2)
+    values = [
+        tf_crossdevice.testing.per_replica(
+            [tf.ones([256]) for _ in range(2)], devices
+        )
+        for _ in range(4)
+    ]
+    # 1 KiB values: a pack closes once over 1500 bytes, so 2 values each.
+    ops = tf_crossdevice.CollectiveAllReduce(
+        all_reduce_merge_scope=1,
+        options=tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=1500
+        ),
+    )
+    counts, _ = _collectives_per_device(ops, values)
+    assert sorted(counts.values()) == [2, 2]
+
+
+def test_objects_sharing_collective_keys_never_share_a_key():
+    keys = tf_crossdevice.CollectiveAllReduce()._keys  # the process's
+    a = tf_crossdevice.CollectiveAllReduce(collective_keys=keys)
+    b = tf_crossdevice.CollectiveAllReduce(collective_keys=keys)
+    devices = tf_crossdevice.testing.cpu_devices(2)
+    group_a = a._group(devices, 2, "a")
+    group_b = b._group(devices, 2, "b")
+    # Same devices and size: one group (TensorFlow binds a key to one
+    # membership), and instance keys drawn from one counter.
+    assert group_a.key == group_b.key
+    first = keys.get_instance_key(group_a.key, devices[0])
+    second = keys.get_instance_key(group_b.key, devices[0])
+    assert second == first + 1
+    # Another size is another group.
+    assert a._group(devices, 4, "a").key != group_a.key
+
+
+def test_collective_keys_must_be_tensorflows():
+    with pytest.raises(TypeError, match="collective_keys"):
+        tf_crossdevice.CollectiveAllReduce(collective_keys=7)
+    with pytest.raises(ValueError, match="all_reduce_merge_scope"):
+        tf_crossdevice.CollectiveAllReduce(all_reduce_merge_scope=0)
+    with pytest.raises(TypeError, match="options"):
+        tf_crossdevice.CollectiveAllReduce(options={"bytes_per_pack": 1})
+    with pytest.raises(ValueError, match="local_cross_device_ops"):
+        tf_crossdevice.HierarchicalCollectiveAllReduce(
+            tf_crossdevice.CollectiveAllReduce()
         )

@@ -210,13 +210,9 @@ def test_a_single_worker_collective_sums_under_mirrored_strategy():
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="library bug: unbound CollectiveOpsBase._devices_of takes the "
-    "replicas' devices from the tensors; eager values from "
-    "experimental_distribute_values_from_function all report CPU:0",
-)
+# Eager values from experimental_distribute_values_from_function all report
+# CPU:0: an unbound collective object takes the strategy's replicas by
+# position, as TensorFlow's classes do.
 def test_replica_all_reduce_of_distributed_values():
     strategy = single_worker_strategy()
     values = strategy.experimental_distribute_values_from_function(

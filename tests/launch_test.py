@@ -14,8 +14,9 @@ from tf_crossdevice import launch
 # Prints its task index; exits with the code in argv[1] for task 1.
 CHILD = """
 import json, os, sys, time
-task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-print("task", task, "of", len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]), flush=True)
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]["index"]
+print("task", task, "of", len(config["cluster"]["worker"]), flush=True)
 if task == 1:
     sys.exit(int(sys.argv[1]))
 if len(sys.argv) > 2:

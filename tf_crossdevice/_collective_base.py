@@ -153,6 +153,12 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         position): eager results of `strategy.run` may sit on one device.
         """
         bound = self._local_devices
+        if bound is None and tf.distribute.has_strategy():
+            # Under tf.distribute.MirroredStrategy: its replicas, in order.
+            bound = tuple(
+                _base.canonical_device(d, "devices")
+                for d in tf.distribute.get_strategy().extended.worker_devices
+            )
         if bound is not None and len(bound) == len(item.devices):
             return bound
         if len(set(item.devices)) == len(item.devices) and all(item.devices):
@@ -229,6 +235,16 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
     ) -> list[Any]:
         if not items:
             return []
+        if self._num_workers == 1 and all(
+            len(item.components) == 1 and item.destinations == item.devices
+            for item in items
+        ):
+            # One replica in all, already in place: TensorFlow's shortcut
+            # (its base reduce), which keeps the dtype even for MEAN.
+            return [
+                _base.copy_value(item.components[0], item.devices[0])
+                for item in items
+            ]
         by_devices: dict[tuple[str, ...], list[int]] = {}
         for i, item in enumerate(items):
             by_devices.setdefault(self._devices_of(item), []).append(i)
@@ -343,9 +359,11 @@ def _run_collectives(fn: Any, devices: Any) -> Any:
         return fn()
     results = tf.function(fn, autograph=False)()
     return tf.nest.map_structure(
-        lambda value, device: value
-        if _base.canonical_device(_first_device(value), "value") == device
-        else _base.copy_value(value, device),
+        lambda value, device: (
+            value
+            if _base.canonical_device(_first_device(value), "value") == device
+            else _base.copy_value(value, device)
+        ),
         results,
         devices,
         check_types=False,
@@ -371,11 +389,26 @@ def _route(
     """The result on `destinations`: the copy already there, else the first."""
     if destinations == devices:
         return _base.regroup(list(per_device))
+    # Every device's collective must run, also those whose result no
+    # destination takes: a TF 1 Session prunes what it does not fetch, and
+    # the collective of device 0 would wait for its peers for good.
+    everyone = [t for v in per_device for t in _tensors(v)]
     out = []
-    for d in destinations:
-        source = per_device[devices.index(d)] if d in devices else per_device[0]
-        out.append(_base.copy_value(source, d))
+    with tf.control_dependencies(
+        everyone if not tf.executing_eagerly() else []
+    ):
+        for d in destinations:
+            source = (
+                per_device[devices.index(d)] if d in devices else per_device[0]
+            )
+            out.append(_base.copy_value(source, d))
     return _base.regroup(out)
+
+
+def _tensors(value: Value) -> list[tf.Tensor]:
+    if isinstance(value, tf.IndexedSlices):
+        return [value.values, value.indices]
+    return [value]
 
 
 def gather_sparse(

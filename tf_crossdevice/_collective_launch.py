@@ -23,6 +23,7 @@ RING, logged once.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -75,9 +76,8 @@ class Group:
 
     def _token(self, device: str) -> Any:
         if not tf.compat.v1.executing_eagerly_outside_functions():
-            # A TF 1 graph runs its ops in dependency order, and a variable
-            # would need a Session to initialize it (TensorFlow's launcher
-            # also orders only in TF 2).
+            # A variable would need a Session to initialize it: TF 1 graphs
+            # are ordered with control edges instead (`_launch`).
             return None
         if device not in self._tokens:
             with tf.init_scope(), tf.device(device):
@@ -101,7 +101,9 @@ class Group:
         """The sum of `tensor` over the group, on member `index`'s device."""
         with tf.device(self.devices[index]):
             wire = _on_the_wire(tensor)
-            summed = _tf_internal.collective_ops().all_reduce_v2(
+            summed = _launch(
+                self.devices[index],
+                _tf_internal.collective_ops().all_reduce_v2,
                 wire,
                 name=f"{self.name}_all_reduce",
                 **self._common(index, options),
@@ -118,7 +120,9 @@ class Group:
         """
         with tf.device(self.devices[index]):
             wire = _on_the_wire(tensor)
-            gathered = _tf_internal.collective_ops().all_gather_v2(
+            gathered = _launch(
+                self.devices[index],
+                _tf_internal.collective_ops().all_gather_v2,
                 wire,
                 name=f"{self.name}_all_gather",
                 **self._common(index, options),
@@ -179,6 +183,30 @@ def _on_the_wire(tensor: tf.Tensor) -> tf.Tensor:
         "; expected one of "
         f"{', '.join(d.name for d in (*_WIRE_DTYPES, *_WIDENED))}"
     )
+
+
+# TF 1 graph -> device -> its last collective op so far.
+_last_in_graph: weakref.WeakKeyDictionary[Any, dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _launch(device: str, op: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
+    """`op(*args, **kwargs)`, after the device's previous collective.
+
+    In TF 2 the ordering token orders a device's collectives. A TF 1 graph
+    gets a control edge from each device's previous collective instead:
+    unordered, two devices can each start a different collective first and
+    wait for each other for good (seen with 15 collectives on 3 CPUs).
+    """
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        return op(*args, **kwargs)
+    last = _last_in_graph.setdefault(tf.compat.v1.get_default_graph(), {})
+    previous = [last[device]] if device in last else []
+    with tf.control_dependencies(previous):
+        out = op(*args, **kwargs)
+    last[device] = out.op
+    return out
 
 
 def hint(options: Options, device: str) -> str:

@@ -63,7 +63,8 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     ... def step():
     ...     ctx = tf.distribute.get_replica_context()
     ...     return ctx.all_reduce("sum", ctx.replica_id_in_sync_group + 1)
-    >>> [int(v) for v in strategy.experimental_local_results(strategy.run(step))]
+    >>> sums = strategy.experimental_local_results(strategy.run(step))
+    >>> [int(v) for v in sums]
     [3, 3]
 
     Args:

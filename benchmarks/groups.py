@@ -275,7 +275,8 @@ def _multi_worker_entries(
             (sessions.OURS_MWMS_BASELINE, "baseline", None, ours, None)
         )
     for c in candidates:
-        baseline, side = sessions.INPUTS_BASELINE, client
+        side: Sessions | None = client
+        baseline = sessions.INPUTS_BASELINE
         if c.kind == "mwms":
             baseline, side = sessions.MWMS_BASELINE, mwms
         elif c.kind == "ours_mwms":

@@ -310,8 +310,11 @@ class OursMwms(Session):
         inputs = self.inputs
         assert inputs is not None
         if name == OURS_MWMS_BASELINE:
-            body = lambda: [list(v.values) for v in inputs.values()]  # noqa: E731
-            return _step(body, inputs.check_inputs)
+
+            def inputs_body() -> _measure.Results:
+                return [list(v.values) for v in inputs.values()]
+
+            return _step(inputs_body, inputs.check_inputs)
         assert candidate is not None
         kwargs = candidate["kwargs"]
         strategy = self.strategy(

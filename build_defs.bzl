@@ -2,7 +2,7 @@
 
 _RUNNER = "tests/bazel_pytest_main.py"
 
-def pytest_tests(deps, slow = [], multiprocess = [], data = {}):
+def pytest_tests(deps, slow = [], multiprocess = [], long = [], data = {}):
     """Declares a py_test, named after the file, for every tests/*_test.py.
 
     Each runs tests/bazel_pytest_main.py, which runs pytest on that one file
@@ -17,11 +17,12 @@ def pytest_tests(deps, slow = [], multiprocess = [], data = {}):
         (left out by --config=quick), "exclusive" (run alone: beside another
         TensorFlow test on 2 cores, workers missed their start-up deadlines)
         and "requires-network" (they talk over 127.0.0.1).
+      long: other tests that need more than a medium test's 5 minutes.
       data: extra runfiles by test name, e.g. another test file it imports.
     """
     files = native.glob(["tests/*_test.py"])
     names = [f[len("tests/"):-len(".py")] for f in files]
-    for name in slow + multiprocess + list(data):
+    for name in slow + multiprocess + long + list(data):
         if name not in names:
             fail("pytest_tests: no tests/%s.py for the name '%s'" % (name, name))
     for name, src in zip(names, files):
@@ -33,7 +34,7 @@ def pytest_tests(deps, slow = [], multiprocess = [], data = {}):
         native.py_test(
             name = name,
             # "large" (15 minutes) for the tests that start workers or train.
-            size = "large" if tags else "medium",
+            size = "large" if tags or name in long else "medium",
             srcs = [_RUNNER, src],
             main = _RUNNER,
             args = [src],

@@ -30,18 +30,15 @@ and the closed forms by plain arithmetic.
 
 from __future__ import annotations
 
-import pathlib
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from tests import collective_worker as worker
-from tf_crossdevice import _processes, launch
 
 pytestmark = pytest.mark.slow
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT = 150  # Seconds for a worker's whole run, on a loaded machine.
 W = 2
 K = worker.LOCAL_DEVICES
@@ -51,31 +48,7 @@ KINDS = ["flat", "hier"]
 @pytest.fixture(scope="module")
 def traces() -> dict[str, list[dict]]:
     """traces[kind][task]: that worker's collective ops and sums."""
-    children = []
-    try:
-        for i, env in enumerate(launch.tf_config_envs(W)):
-            children.append(
-                _processes.start_module(
-                    "tests.collective_worker",
-                    "trace",
-                    ",".join(KINDS),
-                    name=f"worker {i}",
-                    env=env,
-                    cwd=ROOT,
-                )
-            )
-        out: dict[str, list[dict]] = {kind: [] for kind in KINDS}
-        for child in children:
-            for kind in KINDS:
-                ops = child.receive(timeout=TIMEOUT)
-                sums = child.receive(timeout=TIMEOUT)
-                assert ops["kind"] == kind
-                out[kind].append({**ops, **sums})
-        for child in children:
-            assert child.wait(timeout=TIMEOUT) == 0, child.stderr_text(3000)
-        return out
-    finally:
-        _processes.stop_all(children)
+    return worker.replies("trace", KINDS, W, TIMEOUT)
 
 
 def total_bytes() -> int:

@@ -13,17 +13,13 @@ test ends, also on failure.
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 import pytest
 
 from tests import collective_worker as worker
-from tf_crossdevice import _processes, launch
 
 pytestmark = pytest.mark.slow
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT = 150  # Seconds for a worker's whole run, on a loaded machine.
 NUM_WORKERS = 2
 KINDS = ["flat", "hier"]
@@ -75,31 +71,7 @@ def results() -> dict[str, list[dict]]:
     after the other (collectives are enabled once per process, and the two
     strategies share it).
     """
-    children = []
-    try:
-        for i, env in enumerate(launch.tf_config_envs(NUM_WORKERS)):
-            children.append(
-                _processes.start_module(
-                    "tests.collective_worker",
-                    "train",
-                    ",".join(KINDS),
-                    name=f"worker {i}",
-                    env=env,
-                    cwd=ROOT,
-                )
-            )
-        out: dict[str, list[dict]] = {kind: [] for kind in KINDS}
-        for child in children:
-            for kind in KINDS:
-                fit = child.receive(timeout=TIMEOUT)
-                loop = child.receive(timeout=TIMEOUT)
-                assert fit["kind"] == kind
-                out[kind].append({**fit, **loop})
-        for child in children:
-            assert child.wait(timeout=TIMEOUT) == 0, child.stderr_text(3000)
-        return out
-    finally:
-        _processes.stop_all(children)
+    return worker.replies("train", KINDS, NUM_WORKERS, TIMEOUT)
 
 
 def check_replicas(results: list[dict], key: str, expected: dict) -> None:

@@ -28,11 +28,14 @@ numbers.
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOCAL_DEVICES = 2
 NUM_EXAMPLES = 32
 GLOBAL_BATCH = 8
@@ -81,6 +84,45 @@ def bytes_values(replica: int) -> list[np.ndarray]:
 
 
 # ---- Everything below runs in the worker only ------------------------------
+
+
+def replies(
+    mode: str, kinds: Sequence[str], num_workers: int, timeout: float
+) -> dict[str, list[dict]]:
+    """Runs MODE for each of `kinds` on `num_workers` workers (for tests).
+
+    Each worker answers two replies per kind, the first naming the kind.
+
+    Returns:
+        replies[kind][task]: that worker's two replies, merged.
+    """
+    from tf_crossdevice import _processes, launch
+
+    children = []
+    try:
+        for i, env in enumerate(launch.tf_config_envs(num_workers)):
+            children.append(
+                _processes.start_module(
+                    "tests.collective_worker",
+                    mode,
+                    ",".join(kinds),
+                    name=f"worker {i}",
+                    env=env,
+                    cwd=_ROOT,
+                )
+            )
+        out: dict[str, list[dict]] = {kind: [] for kind in kinds}
+        for child in children:
+            for kind in kinds:
+                first = child.receive(timeout=timeout)
+                second = child.receive(timeout=timeout)
+                assert first["kind"] == kind
+                out[kind].append({**first, **second})
+        for child in children:
+            assert child.wait(timeout=timeout) == 0, child.stderr_text(3000)
+        return out
+    finally:
+        _processes.stop_all(children)
 
 
 def main(argv: list[str]) -> int:

@@ -74,14 +74,39 @@ def check_reduce_op(reduce_op: Any) -> ReduceOp:
     )
 
 
-def check_options(options: Any) -> None:
-    if options is not None and not isinstance(
-        options, _tf_internal.CommunicationOptions
-    ):
+def check_options(options: Any, argument: str = "options") -> Any:
+    """`options`, or default CommunicationOptions for None.
+
+    `tf_crossdevice.compat.CollectiveHints` builds CommunicationOptions too.
+    """
+    if options is None:
+        return _tf_internal.CommunicationOptions()
+    if not isinstance(options, _tf_internal.CommunicationOptions):
         raise TypeError(
-            "options: expected None or "
-            f"tf.distribute.experimental.CommunicationOptions, got {options!r}"
+            f"{argument}: expected None or "
+            "tf.distribute.experimental.CommunicationOptions (or "
+            "tf_crossdevice.compat.CollectiveHints), got "
+            f"{type(options).__name__} {options!r}"
         )
+    return options
+
+
+def check_gather_axis(item: Item, axis: int) -> int:
+    """`axis` if `item` can be gathered along it, counted from 0."""
+    if item.sparse:
+        if axis != 0:
+            raise ValueError(
+                f"axis: IndexedSlices can only be gathered along axis 0, "
+                f"got {axis}"
+            )
+        return axis
+    rank = item.components[0].shape.rank
+    if rank is not None and not -rank <= axis < max(rank, 1):
+        raise ValueError(
+            f"axis: {axis} is out of range for values of rank {rank}; "
+            f"expected {-rank} <= axis < {rank}"
+        )
+    return axis % rank if rank else axis
 
 
 def canonical_device(device: Any, argument: str, scoped: bool = False) -> str:
@@ -404,9 +429,9 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
             Mirrored value with one component per destination device.
         """
         reduce_op = check_reduce_op(reduce_op)
-        check_options(options)
+        options = check_options(options)
         item = make_item(per_replica_value, destinations, "per_replica_value")
-        return self._reduce_items(reduce_op, [item])[0]
+        return self._reduce_items(reduce_op, [item], options)[0]
 
     @_no_autograph
     def batch_reduce(
@@ -417,9 +442,9 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         An empty list gives an empty list.
         """
         reduce_op = check_reduce_op(reduce_op)
-        check_options(options)
+        options = check_options(options)
         return self._reduce_items(
-            reduce_op, self._items_from_pairs(value_destination_pairs)
+            reduce_op, self._items_from_pairs(value_destination_pairs), options
         )
 
     @_no_autograph
@@ -482,6 +507,7 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         item = make_item(
             per_replica_value, destinations, "per_replica_value", axis
         )
+        axis = check_gather_axis(item, axis)
         gathered = _gather_on(item, axis, item.destinations[0])
         return regroup([copy_value(gathered, d) for d in item.destinations])
 
@@ -506,7 +532,9 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
             )
         return items
 
-    def _reduce_items(self, reduce_op: ReduceOp, items: list[Item]) -> list:
+    def _reduce_items(
+        self, reduce_op: ReduceOp, items: list[Item], options: Any
+    ) -> list:
         """Results in order; a one-replica value already in place is copied.
 
         That is TensorFlow's shortcut too (its base reduce and batch_reduce),
@@ -526,12 +554,21 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
                 results[i] = copy_value(item.components[0], item.devices[0])
             else:
                 rest.append(i)
-        reduced = self._reduce_batch(reduce_op, [items[i] for i in rest])
+        reduced = self._reduce_batch(
+            reduce_op, [items[i] for i in rest], options
+        )
         for i, result in zip(rest, reduced, strict=True):
             results[i] = result
         return results
 
-    def _reduce_batch(self, reduce_op: ReduceOp, items: list[Item]) -> list:
+    def _reduce_batch(
+        self, reduce_op: ReduceOp, items: list[Item], options: Any
+    ) -> list:
+        """Reduces `items` (none of them one replica in place).
+
+        `options` (CommunicationOptions) matter to the collective classes
+        only.
+        """
         results: list[Any] = [None] * len(items)
         all_reduce: dict[tuple[str, ...], list[int]] = {}
         for i, item in enumerate(items):
@@ -610,26 +647,15 @@ def _divide_in_place(tensor: tf.Tensor, count: int) -> Value:
 
 
 def _gather_on(item: Item, axis: int, device: str) -> Value:
-    first = item.components[0]
+    """Gathers on `device`; `axis` as `check_gather_axis` returns it."""
     if item.sparse:
-        if axis != 0:
-            raise ValueError(
-                f"axis: IndexedSlices can only be gathered along axis 0, "
-                f"got {axis}"
-            )
         if any(c.dense_shape is None for c in item.components):
             raise ValueError(
                 "per_replica_value: IndexedSlices without dense_shape cannot "
                 "be gathered (the row offsets of each replica are unknown)"
             )
         return _gather_sparse(item.components, device)
-    rank = first.shape.rank
-    if rank is not None and not -rank <= axis < max(rank, 1):
-        raise ValueError(
-            f"axis: {axis} is out of range for values of rank {rank}; "
-            f"expected {-rank} <= axis < {rank}"
-        )
     with tf.device(device):
-        if rank == 0:
+        if item.components[0].shape.rank == 0:
             return tf.stack(list(item.components), axis=0)
         return tf.concat(list(item.components), axis=axis)

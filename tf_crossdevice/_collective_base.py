@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from tf_crossdevice import _base, _checks, _tf_internal, collective_runtime
 from tf_crossdevice._base import Item, ReduceOp, Value
-from tf_crossdevice._collective_launch import Group, Options, new_options
+from tf_crossdevice._collective_launch import Group, Options
 from tf_crossdevice._schedules import collective_packing
 
 _STRATEGY = "tf_crossdevice.MultiWorkerMirroredStrategy"
@@ -53,20 +53,6 @@ def shared_collective_keys() -> Any:
     return _shared_keys
 
 
-def check_communication_options(options: Any, argument: str) -> Options:
-    """`options` itself, or default options for None."""
-    if options is None:
-        return new_options()
-    if not isinstance(options, new_options):
-        raise TypeError(
-            f"{argument}: expected None, "
-            "tf.distribute.experimental.CommunicationOptions or "
-            "tf_crossdevice.compat.CollectiveHints, got "
-            f"{type(options).__name__} {options!r}"
-        )
-    return options
-
-
 class CollectiveOpsBase(_base.CrossDeviceOpsBase):
     """Binding, options, destinations, MEAN and gather for collectives.
 
@@ -78,7 +64,7 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
     ) -> None:
         super().__init__()
         self._num_workers = _checks.positive_int(num_workers, "num_workers")
-        self._options = check_communication_options(options, "options")
+        self._options = _base.check_options(options)
         if collective_keys is not None and not _tf_internal.is_collective_keys(
             collective_keys
         ):
@@ -90,7 +76,7 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             )
         self._keys = collective_keys or shared_collective_keys()
         self._local_devices: tuple[str, ...] | None = None
-        self._strategy_options = new_options()
+        self._strategy_options = _base.check_options(None)
         self._bound = False
         self._groups: dict[tuple[Any, ...], Group] = {}
 
@@ -136,7 +122,7 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         return True
 
     def _call_options(self, options: Any) -> Options:
-        per_call = check_communication_options(options, "options")
+        per_call = _base.check_options(options)
         return self._strategy_options.merge(self._options).merge(per_call)
 
     def _group(self, devices: Sequence[str], size: int, name: str) -> Group:
@@ -193,33 +179,6 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
 
     # ---- Reduce -----------------------------------------------------------
 
-    @_base._no_autograph
-    def reduce(
-        self,
-        reduce_op: Any,
-        per_replica_value: Any,
-        destinations: Any = None,
-        options: Any = None,
-    ) -> Any:
-        """Reduces over every replica of every worker, onto `destinations`."""
-        reduce_op = _base.check_reduce_op(reduce_op)
-        options = self._call_options(options)
-        item = _base.make_item(
-            per_replica_value, destinations, "per_replica_value"
-        )
-        return self._reduce_all(reduce_op, [item], options)[0]
-
-    @_base._no_autograph
-    def batch_reduce(
-        self, reduce_op: Any, value_destination_pairs: Any, options: Any = None
-    ) -> list[Any]:
-        """Reduces several (value, destinations) pairs; packs share ops."""
-        reduce_op = _base.check_reduce_op(reduce_op)
-        options = self._call_options(options)
-        return self._reduce_all(
-            reduce_op, self._items_from_pairs(value_destination_pairs), options
-        )
-
     def _items_from_pairs(self, value_destination_pairs: Any) -> list[Item]:
         if isinstance(value_destination_pairs, (list, tuple)):
             value_destination_pairs = [
@@ -230,24 +189,18 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             ]
         return super()._items_from_pairs(value_destination_pairs)
 
-    def _reduce_all(
-        self, reduce_op: ReduceOp, items: list[Item], options: Options
+    def _reduce_batch(
+        self, reduce_op: ReduceOp, items: list[Item], options: Any
     ) -> list[Any]:
+        """Every item through the collectives (the base class already
+        copied one-replica values in place, when there is one worker)."""
         if not items:
             return []
-        if self._num_workers == 1 and all(
-            len(item.components) == 1 and item.destinations == item.devices
-            for item in items
-        ):
-            # One replica in all, already in place: TensorFlow's shortcut
-            # (its base reduce), which keeps the dtype even for MEAN.
-            return [
-                _base.copy_value(item.components[0], item.devices[0])
-                for item in items
-            ]
+        options = self._call_options(options)
+        devices_of = [self._devices_of(item) for item in items]
         by_devices: dict[tuple[str, ...], list[int]] = {}
-        for i, item in enumerate(items):
-            by_devices.setdefault(self._devices_of(item), []).append(i)
+        for i, devices in enumerate(devices_of):
+            by_devices.setdefault(devices, []).append(i)
 
         def run() -> list[list[Value]]:
             sums: list[Any] = [None] * len(items)
@@ -267,11 +220,9 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
                     sums[i] = per_device
             return sums
 
-        sums = _run_collectives(
-            run, [list(self._devices_of(item)) for item in items]
-        )
+        sums = _run_collectives(run, [list(d) for d in devices_of])
         return [
-            _route(sums[i], self._devices_of(item), item.destinations)
+            _route(sums[i], devices_of[i], item.destinations)
             for i, item in enumerate(items)
         ]
 
@@ -290,22 +241,7 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             axis,
         )
         devices = self._devices_of(item)
-        first = item.components[0]
-        if item.sparse:
-            if axis != 0:
-                raise ValueError(
-                    f"axis: IndexedSlices can only be gathered along axis 0, "
-                    f"got {axis}"
-                )
-        else:
-            rank = first.shape.rank
-            if rank is not None and not -rank <= axis < max(rank, 1):
-                raise ValueError(
-                    f"axis: {axis} is out of range for values of rank {rank}; "
-                    f"expected {-rank} <= axis < {rank}"
-                )
-            if rank:
-                axis %= rank
+        axis = _base.check_gather_axis(item, axis)
         group = self._group(
             devices, len(devices) * self._num_workers, type(self).__name__
         )

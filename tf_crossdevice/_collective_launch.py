@@ -35,7 +35,6 @@ from tf_crossdevice._schedules import devices as devices_lib
 
 # tf.distribute.experimental.CommunicationOptions (TensorFlow has no stubs).
 Options: TypeAlias = Any
-new_options = _tf_internal.CommunicationOptions
 _NCCL = tf.distribute.experimental.CommunicationImplementation.NCCL
 
 
@@ -84,16 +83,37 @@ class Group:
                 self._tokens[device] = _tf_internal.new_resource_variable(0.0)
         return self._tokens[device].handle
 
-    def _common(self, index: int, options: Options) -> dict[str, Any]:
+    def _common(
+        self, index: int, options: Options, ordered: bool = True
+    ) -> dict[str, Any]:
         device = self.devices[index]
-        return {
+        common = {
             "group_size": self.size,
             "group_key": self.key,
             "instance_key": self._instance_key(device),
             "communication_hint": hint(options, device),
             "timeout": options.timeout_seconds or 0,
-            "ordering_token": self._token(device),
         }
+        if ordered:
+            common["ordering_token"] = self._token(device)
+        return common
+
+    def broadcast(
+        self, index: int, value: tf.Tensor, send: bool, options: Options
+    ) -> tf.Tensor:
+        """The sending member's `value`, on every member.
+
+        TensorFlow's broadcast ops take no ordering token; used for
+        variables' initial values, before any other collective.
+        """
+        ops = _tf_internal.collective_ops()
+        common = self._common(index, options, ordered=False)
+        with tf.device(self.devices[index]):
+            if send:
+                sent = ops.broadcast_send_v2(value, **common)
+                with tf.control_dependencies([sent]):
+                    return tf.identity(value)
+            return ops.broadcast_recv_v2(tf.shape(value), value.dtype, **common)
 
     def all_reduce(
         self, index: int, tensor: tf.Tensor, options: Options
@@ -222,14 +242,10 @@ def _is_gpu(device: str) -> bool:
     return devices_lib.parse_device(device).device_type == "GPU"
 
 
-_nccl_fallback_logged = False
-
-
 def _log_nccl_fallback() -> None:
-    global _nccl_fallback_logged
-    if not _nccl_fallback_logged:
-        _nccl_fallback_logged = True
-        logging.warning(
-            "tf_crossdevice: implementation=NCCL needs GPUs; collectives on "
-            "other devices use RING"
-        )
+    logging.log_first_n(
+        logging.WARNING,
+        "tf_crossdevice: implementation=NCCL needs GPUs; collectives on "
+        "other devices use RING",
+        1,
+    )

@@ -93,23 +93,37 @@ class CollectiveAllReduce(CollectiveOpsBase):
 
     def _sum_group(self, batch, devices, options):
         group = self._all_members(devices)
-        results: list[list[Any]] = [[None] * len(devices) for _ in batch]
-        dense = [k for k, v in enumerate(batch) if not _is_sparse(v[0])]
-        for k, value in enumerate(batch):
-            if _is_sparse(value[0]):
-                for d in range(len(devices)):
-                    results[k][d] = sum_sparse(group, d, value[d], options)
+        per_device = [
+            self._sum_on_member(group, d, [v[d] for v in batch], options)
+            for d in range(len(devices))
+        ]
+        return [list(sums) for sums in zip(*per_device, strict=True)]
+
+    def _sum_on_member(
+        self, group: Group, index: int, values: list[Value], options: Options
+    ) -> list[Value]:
+        """Member `index`'s share: its values summed over the group.
+
+        Every member issues the same collectives in the same order
+        (IndexedSlices first, then the packs).
+        """
+        out: list[Any] = [None] * len(values)
+        dense = []
+        for k, v in enumerate(values):
+            if _is_sparse(v):
+                out[k] = sum_sparse(group, index, v, options)
+            else:
+                dense.append(k)
         for pack in plan_packs(
-            [batch[k][0] for k in dense], options, self._merge_scope
+            [values[k] for k in dense], options, self._merge_scope
         ):
             keys = [dense[j] for j in pack]
-            for d in range(len(devices)):
-                sums = _all_reduce_pack(
-                    group, d, [batch[k][d] for k in keys], options
-                )
-                for k, s in zip(keys, sums, strict=True):
-                    results[k][d] = s
-        return results
+            sums = _all_reduce_pack(
+                group, index, [values[k] for k in keys], options
+            )
+            for k, total in zip(keys, sums, strict=True):
+                out[k] = total
+        return out
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
         """One replica's share of a replica-context all-reduce."""
@@ -122,24 +136,11 @@ class CollectiveAllReduce(CollectiveOpsBase):
                 "tf_crossdevice.MultiWorkerMirroredStrategy"
             )
         group = self._all_members(self._local_devices)
-        flat = tf.nest.flatten(value)
-        out: list[Any] = [None] * len(flat)
-        dense = []
-        for k, v in enumerate(flat):
-            if _is_sparse(v):
-                out[k] = sum_sparse(group, replica_id, v, options)
-            else:
-                flat[k] = tf.convert_to_tensor(v)
-                dense.append(k)
-        for pack in plan_packs(
-            [flat[k] for k in dense], options, self._merge_scope
-        ):
-            keys = [dense[j] for j in pack]
-            sums = _all_reduce_pack(
-                group, replica_id, [flat[k] for k in keys], options
-            )
-            for k, s in zip(keys, sums, strict=True):
-                out[k] = s
+        flat = [
+            v if _is_sparse(v) else tf.convert_to_tensor(v)
+            for v in tf.nest.flatten(value)
+        ]
+        out = self._sum_on_member(group, replica_id, flat, options)
         if reduce_op == _base.ReduceOp.MEAN:
             with tf.device(self._local_devices[replica_id]):
                 out = [_base.divide(v, group.size) for v in out]

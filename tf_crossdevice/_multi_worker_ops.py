@@ -105,11 +105,11 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         """The workers, as '/job:J/replica:R/task:T'."""
         return self._worker_names
 
-    def _reduce_batch(self, reduce_op, items):
+    def _reduce_batch(self, reduce_op, items, options):
         for item in items:
             self._check_workers(item.devices + item.destinations)
             self._check_device_type(item.devices)
-        return super()._reduce_batch(reduce_op, items)
+        return super()._reduce_batch(reduce_op, items, options)
 
     def _check_workers(self, devices: Sequence[str]) -> None:
         for device in devices:

@@ -94,7 +94,7 @@ class ReductionToOneDevice(_base.CrossDeviceOpsBase):
             self._checked_device = True
         return super()._reduce_on_one_device(reduce_op, item)
 
-    def _reduce_batch(self, reduce_op, items):
+    def _reduce_batch(self, reduce_op, items, options):
         # Every value takes the one-device path; the all-reduce path would
         # only add a copy.
         return [self._reduce_on_one_device(reduce_op, item) for item in items]

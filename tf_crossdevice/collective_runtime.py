@@ -29,6 +29,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_crossdevice import _checks, _tf_internal
+from tf_crossdevice._schedules import devices as devices_lib
 
 _PEER_POLL_SECONDS = 0.2
 _PEER_PROBE_MS = 1000
@@ -86,8 +87,8 @@ class CollectiveCluster:
         """host:port of `task` ('/job:worker/replica:0/task:1')."""
         if self.cluster_spec is None:
             return "this process"
-        parts = dict(p.split(":", 1) for p in task.strip("/").split("/"))
-        return self.cluster_spec.task_address(parts["job"], int(parts["task"]))
+        name = devices_lib.parse_device(task)
+        return self.cluster_spec.task_address(name.job, name.task or 0)
 
 
 # The cluster this process enabled collectives for: they can be enabled once

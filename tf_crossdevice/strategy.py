@@ -39,11 +39,8 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice import _base, _checks, _tf_internal, collective_runtime
-from tf_crossdevice._collective_base import (
-    CollectiveOpsBase,
-    check_communication_options,
-)
-from tf_crossdevice._collective_launch import Group, Options, new_options
+from tf_crossdevice._collective_base import CollectiveOpsBase
+from tf_crossdevice._collective_launch import Group, Options
 from tf_crossdevice._collective_ops import CollectiveAllReduce
 from tf_crossdevice._schedules import devices as devices_lib
 
@@ -99,7 +96,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         local_devices: Sequence[str] | None = None,
     ) -> None:
         start = time.monotonic()
-        options = check_communication_options(
+        options = _base.check_options(
             communication_options, "communication_options"
         )
         if cross_device_ops is None:
@@ -140,7 +137,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         Nested structures are reduced element by element, and `axis` is
         ignored for scalars (Keras 3 asks for both).
         """
-        check_communication_options(options, "options")
+        _base.check_options(options)
         if tf.nest.is_nested(value):
             return tf.nest.map_structure(
                 lambda v: self.reduce(reduce_op, v, axis, options), value
@@ -165,7 +162,7 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
 
     def __init__(self, container, resolver, options, devices, ops, host):
         self._our_devices = tuple(devices)
-        self._call_options: list[Options] = []
+        self._call_options: list[Options | None] = []
         super().__init__(container, resolver, options)
         self._cross_device_ops = ops
         self._host_cross_device_ops = host
@@ -177,7 +174,8 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
 
     @contextlib.contextmanager
     def _options_for_call(self, options: Options | None) -> Iterator[None]:
-        self._call_options.append(options or new_options())
+        """`strategy.reduce`'s options, for `_reduce_to` below it."""
+        self._call_options.append(options)
         try:
             yield
         finally:
@@ -185,7 +183,7 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         for extra in self._call_options:
-            options = (options or new_options()).merge(extra)
+            options = _base.check_options(options).merge(extra)
         return super()._reduce_to(reduce_op, value, destinations, options)
 
     def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
@@ -221,27 +219,9 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
                     value = value()
                 value = getattr(value, "wrapped_value", value)
                 value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
-                return _broadcast(group, value, chief, options)
+                return group.broadcast(0, value, chief, options)
 
         return initial_value_fn
-
-
-def _broadcast(group: Group, value: tf.Tensor, send: bool, options: Options):
-    c = _tf_internal.collective_ops()
-    common = {
-        "group_size": group.size,
-        "group_key": group.key,
-        "instance_key": group._keys.get_instance_key(
-            group.key, group.devices[0]
-        ),
-        "communication_hint": "auto",
-        "timeout": options.timeout_seconds or 0,
-    }
-    if send:
-        sent = c.broadcast_send_v2(value, **common)
-        with tf.control_dependencies([sent]):
-            return tf.identity(value)
-    return c.broadcast_recv_v2(tf.shape(value), value.dtype, **common)
 
 
 def _local_devices(

@@ -13,6 +13,7 @@ import contextlib
 import json
 import pathlib
 import socket
+import sys
 import time
 from collections.abc import Iterator
 
@@ -225,3 +226,30 @@ def test_replica_all_reduce_of_distributed_values():
     sums = strategy.run(step, args=(values,))
     for got in strategy.experimental_local_results(sums):
         np.testing.assert_allclose(got, VALUES.sum(axis=0), rtol=1e-6)
+
+
+# A collective whose peer never comes: one process, a group of two with only
+# one member. In a child, because a timed-out collective leaves TensorFlow's
+# collective executor aborted for the rest of the process.
+LONELY = """
+import tensorflow as tf
+import tf_crossdevice
+ops = tf_crossdevice.CollectiveAllReduce(
+    num_workers=2,
+    options=tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=1),
+)
+value = tf_crossdevice.testing.per_replica([tf.constant([1.0])])
+try:
+    ops.reduce("sum", value, None)
+except tf.errors.DeadlineExceededError as e:
+    print("DeadlineExceededError", e.message.replace("\\n", " "))
+"""
+
+
+def test_a_collective_that_times_out_names_itself():
+    with _processes.Child([sys.executable, "-c", LONELY], name="lonely") as c:
+        lines = c.read_all(timeout=STARTUP)
+    errors = [line for line in lines if line.startswith("Deadline")]
+    assert errors, lines
+    assert "CollectiveAllReduce_all_reduce" in errors[0]

@@ -78,6 +78,14 @@ def test_unknown_size_gets_its_own_pack_when_packing_by_bytes():
     assert collective_packs([4, None, 4], ["f"] * 3, 100) == [[2], [1], [0]]
 
 
+def test_unknown_size_gets_its_own_pack_in_a_merge_scope():
+    # Found by hypothesis: an unknown size after a known one joined its pack.
+    assert collective_packs([None, 0], ["f"] * 2, 0, merge_scope=2) == [
+        [1],
+        [0],
+    ]
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [

@@ -12,12 +12,13 @@ update can start while later packs are still on the wire.
 
 - `bytes_per_pack > 0`: TensorFlow's rule (`group_by_size`): a pack is
   closed once it holds more than `bytes_per_pack` bytes, so every pack but
-  the last is at least that large (it overshoots by at most one value). A
-  value whose size is not known when the graph is built gets a pack of its
-  own.
+  the last is at least that large (it overshoots by at most one value).
 - `bytes_per_pack == 0`: TF 1's `all_reduce_merge_scope`: every
   `merge_scope` consecutive values share a pack (1: one collective per
   value).
+
+In both, a value whose size is not known when the graph is built gets a
+pack of its own.
 
 >>> collective_packs([4, 4, 4, 4, 4], ["f"] * 5, bytes_per_pack=6)
 [[4, 3], [2, 1], [0]]
@@ -62,13 +63,15 @@ def collective_packs(
     size = 0
     for i in reversed(range(len(num_bytes))):
         n = num_bytes[i]
-        if bytes_per_pack:
-            full = n is None or size > bytes_per_pack
+        if not packs:
+            full = True
+        elif bytes_per_pack:
+            full = size > bytes_per_pack
         else:
-            full = len(packs[-1]) >= merge_scope if packs else True
+            full = len(packs[-1]) >= merge_scope
         if (
-            not packs
-            or full
+            full
+            or n is None
             or dtypes[packs[-1][-1]] != dtypes[i]
             or num_bytes[packs[-1][-1]] is None
         ):

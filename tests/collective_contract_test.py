@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import tf_crossdevice
 from tests import contract
+from tf_crossdevice import _tf_internal
 
 
 class TestCollectiveAllReduce(contract.CrossDeviceOpsContract):
@@ -84,7 +85,10 @@ def test_bytes_per_pack_overrides_the_merge_scope():
 
 
 def test_objects_sharing_collective_keys_never_share_a_key():
-    keys = tf_crossdevice.CollectiveAllReduce()._keys  # the process's
+    # Keys of its own: drawing an instance key for one device of the
+    # process's shared keys would leave that device a key ahead of its peer,
+    # and every later collective of the group in this process would hang.
+    keys = _tf_internal.collective_keys()
     a = tf_crossdevice.CollectiveAllReduce(collective_keys=keys)
     b = tf_crossdevice.CollectiveAllReduce(collective_keys=keys)
     devices = tf_crossdevice.testing.cpu_devices(2)

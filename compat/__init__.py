@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from tf_crossdevice.compat import _legacy
+from . import _legacy
 
 # Old name -> (object, replacement to name in the warning).
 _DEPRECATED: dict[str, tuple[Any, str]] = {
@@ -75,7 +75,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # Type checkers see the names without the warning.
-    from tf_crossdevice.compat._legacy import (  # noqa: F401
+    from ._legacy import (  # noqa: F401
         AllReduceCrossTowerOps,
         ReductionToOneDeviceCrossTowerOps,
         choose_the_best,

@@ -1,85 +1,133 @@
 """Legacy names from TF 1's `tf.contrib.distribute` and early TF 2.
 
-Each name still works and warns with a DeprecationWarning naming its
-replacement (PEP 562 module `__getattr__`, as Optax does); Python's warning
-filters show it once per call site:
+Code written for `tf.contrib.distribute` (2018) runs with one changed
+import, `from tf_crossdevice import compat as distribute`; code for
+`tf.compat.v1.distribute` and TF 2.2 finds its names here too. Each name
+warns once per process with a DeprecationWarning that names its replacement
+and what changed on purpose (Python's warning filters can silence it), and
+`python -m tf_crossdevice.compat.upgrade` rewrites the code for good.
+
+The legacy classes also take TF 1's arguments: `aggregation=` (a
+`tf.VariableAggregation`: SUM, MEAN, ONLY_FIRST_REPLICA or ONLY_FIRST_TOWER),
+`per_device_value=`, destinations None (the value's devices), the strings
+"sum" and "mean" in any case, and TF 2.2's `experimental_hints=`.
 
 >>> import warnings
 >>> from tf_crossdevice import compat
 >>> with warnings.catch_warnings(record=True) as caught:
 ...     warnings.simplefilter("always")
 ...     ops = compat.ReductionToOneDeviceCrossTowerOps()
->>> print(caught[0].message)
+>>> print(caught[0].message)  # doctest: +ELLIPSIS
 tf_crossdevice.compat.ReductionToOneDeviceCrossTowerOps is deprecated; use \
-tf_crossdevice.ReductionToOneDevice instead.
+tf_crossdevice.ReductionToOneDevice instead (...).
 >>> value = tf_crossdevice.testing.per_replica(
 ...     [tf.constant(1.0), tf.constant(3.0)])
->>> float(ops.reduce(aggregation=tf.VariableAggregation.MEAN,
-...                  per_device_value=value, destinations="/cpu:0"))
+>>> with warnings.catch_warnings():
+...     warnings.simplefilter("ignore", DeprecationWarning)
+...     mean = ops.reduce(aggregation=tf.VariableAggregation.MEAN,
+...                       per_device_value=value, destinations="/cpu:0")
+>>> float(mean)
 2.0
 """
 
 from __future__ import annotations
 
-import warnings
+import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
-import tensorflow as tf
+from . import _names
+from ._warnings import warn_once
 
-from . import _legacy
-
-# Old name -> (object, replacement to name in the warning).
-_DEPRECATED: dict[str, tuple[Any, str]] = {
-    "CrossTowerOps": (
-        tf.distribute.CrossDeviceOps,
-        "tf.distribute.CrossDeviceOps",
-    ),
+# Legacy name -> (module of this package, attribute).
+_WHERE: dict[str, tuple[str, str]] = {
+    "CrossTowerOps": ("_ops", "CrossDeviceOps"),
+    "CrossDeviceOps": ("_ops", "CrossDeviceOps"),
     "ReductionToOneDeviceCrossTowerOps": (
-        _legacy.ReductionToOneDeviceCrossTowerOps,
-        "tf_crossdevice.ReductionToOneDevice",
+        "_ops",
+        "ReductionToOneDeviceCrossTowerOps",
     ),
-    "AllReduceCrossTowerOps": (
-        _legacy.AllReduceCrossTowerOps,
-        "tf_crossdevice.AllReduceCrossDeviceOps",
-    ),
-    "choose_the_best": (
-        _legacy.choose_the_best,
-        "tf_crossdevice.select_cross_device_ops",
-    ),
-    "CollectiveHints": (
-        _legacy.collective_hints,
-        "tf.distribute.experimental.CommunicationOptions",
-    ),
+    "ReductionToOneDevice": ("_ops", "ReductionToOneDevice"),
+    "AllReduceCrossTowerOps": ("_ops", "AllReduceCrossTowerOps"),
+    "NcclAllReduce": ("_ops", "NcclAllReduce"),
+    "HierarchicalCopyAllReduce": ("_ops", "HierarchicalCopyAllReduce"),
+    "MultiWorkerAllReduce": ("_ops", "MultiWorkerAllReduce"),
+    "CollectiveAllReduce": ("_ops", "CollectiveAllReduce"),
+    "AllReduceSpecTuple": ("_ops", "AllReduceSpecTuple"),
+    "choose_the_best": ("_ops", "choose_the_best"),
+    "CollectiveHints": ("_ops", "collective_hints"),
+    "MirroredStrategy": ("_ops", "mirrored_strategy"),
+    "ReduceOp": ("_ops", "ReduceOp"),
+    "ConcatAndSplitPacker": ("_packers", "ConcatAndSplitPacker"),
+    "AggregateSmallTensorPacker": ("_packers", "AggregateSmallTensorPacker"),
+    "PerDevice": ("_values", "per_device"),
+    "Mirrored": ("_values", "mirrored"),
+    "check_destinations": ("_values", "check_destinations"),
+    "validate_destinations": ("_values", "validate_destinations"),
+    "get_devices_from": ("_values", "get_devices_from"),
 }
+assert set(_WHERE) == set(_names.LEGACY), set(_WHERE) ^ set(_names.LEGACY)
 
-__all__ = sorted(_DEPRECATED)
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _DEPRECATED:
+    if name not in _WHERE:
         raise AttributeError(
-            f"module 'tf_crossdevice.compat' has no attribute {name!r}"
+            f"module 'tf_crossdevice.compat' has no attribute {name!r}; its "
+            f"legacy names are {', '.join(__all__)}"
         )
-    value, replacement = _DEPRECATED[name]
-    warnings.warn(
-        f"tf_crossdevice.compat.{name} is deprecated; use {replacement} "
-        "instead.",
-        DeprecationWarning,
-        stacklevel=2,
-    )
+    module, attribute = _WHERE[name]
+    value = getattr(importlib.import_module(f".{module}", __name__), attribute)
+    warn_once(name, _names.warning_text(name), stacklevel=_caller_level())
     return value
 
 
+def _caller_level() -> int:
+    """`warn_once`'s stacklevel for the code that asked for the name.
+
+    `from tf_crossdevice.compat import X` reaches `__getattr__` through the
+    import system's frames; the warning belongs to the line that imports.
+    """
+    level = 3  # warn_once <- __getattr__ <- the caller
+    frame: Any = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(
+        "<frozen importlib"
+    ):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_DEPRECATED))
+    return sorted(set(globals()) | set(_WHERE))
 
 
 if TYPE_CHECKING:  # Type checkers see the names without the warning.
-    from ._legacy import (  # noqa: F401
+    from ._ops import (  # noqa: F401
         AllReduceCrossTowerOps,
+        AllReduceSpecTuple,
+        CollectiveAllReduce,
+        CrossDeviceOps,
+        HierarchicalCopyAllReduce,
+        MultiWorkerAllReduce,
+        NcclAllReduce,
+        ReduceOp,
+        ReductionToOneDevice,
         ReductionToOneDeviceCrossTowerOps,
         choose_the_best,
     )
-
-    CollectiveHints = _legacy.collective_hints
-    CrossTowerOps = tf.distribute.CrossDeviceOps
+    from ._ops import CrossDeviceOps as CrossTowerOps  # noqa: F401
+    from ._ops import collective_hints as CollectiveHints  # noqa: F401, N812
+    from ._ops import mirrored_strategy as MirroredStrategy  # noqa: F401, N812
+    from ._packers import (  # noqa: F401
+        AggregateSmallTensorPacker,
+        ConcatAndSplitPacker,
+    )
+    from ._values import (  # noqa: F401
+        check_destinations,
+        get_devices_from,
+        validate_destinations,
+    )
+    from ._values import mirrored as Mirrored  # noqa: F401, N812
+    from ._values import per_device as PerDevice  # noqa: F401, N812

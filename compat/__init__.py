@@ -12,18 +12,18 @@ The legacy classes also take TF 1's arguments: `aggregation=` (a
 `per_device_value=`, destinations None (the value's devices), the strings
 "sum" and "mean" in any case, and TF 2.2's `experimental_hints=`.
 
+The first use of a name warns, for instance
+"tf_crossdevice.compat.ReductionToOneDeviceCrossTowerOps is deprecated; use
+tf_crossdevice.ReductionToOneDevice instead (...)". Old code, warnings
+silenced:
+
 >>> import warnings
 >>> from tf_crossdevice import compat
->>> with warnings.catch_warnings(record=True) as caught:
-...     warnings.simplefilter("always")
-...     ops = compat.ReductionToOneDeviceCrossTowerOps()
->>> print(caught[0].message)  # doctest: +ELLIPSIS
-tf_crossdevice.compat.ReductionToOneDeviceCrossTowerOps is deprecated; use \
-tf_crossdevice.ReductionToOneDevice instead (...).
 >>> value = tf_crossdevice.testing.per_replica(
 ...     [tf.constant(1.0), tf.constant(3.0)])
 >>> with warnings.catch_warnings():
 ...     warnings.simplefilter("ignore", DeprecationWarning)
+...     ops = compat.ReductionToOneDeviceCrossTowerOps()
 ...     mean = ops.reduce(aggregation=tf.VariableAggregation.MEAN,
 ...                       per_device_value=value, destinations="/cpu:0")
 >>> float(mean)
@@ -33,7 +33,6 @@ tf_crossdevice.ReductionToOneDevice instead (...).
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
 
 from . import _names
@@ -79,24 +78,10 @@ def __getattr__(name: str) -> Any:
         )
     module, attribute = _WHERE[name]
     value = getattr(importlib.import_module(f".{module}", __name__), attribute)
-    warn_once(name, _names.warning_text(name), stacklevel=_caller_level())
+    # Python's warnings skip the import system's frames of
+    # `from tf_crossdevice.compat import X`: the warning names that line.
+    warn_once(name, _names.warning_text(name))
     return value
-
-
-def _caller_level() -> int:
-    """`warn_once`'s stacklevel for the code that asked for the name.
-
-    `from tf_crossdevice.compat import X` reaches `__getattr__` through the
-    import system's frames; the warning belongs to the line that imports.
-    """
-    level = 3  # warn_once <- __getattr__ <- the caller
-    frame: Any = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(
-        "<frozen importlib"
-    ):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 def __dir__() -> list[str]:

@@ -77,8 +77,10 @@ def _quiet():
 
 
 def test_compat_is_the_top_level_folder_of_this_checkout():
-    path = pathlib.Path(compat().__file__).resolve()
-    assert ROOT in path.parents, (
+    # Unresolved paths: Bazel's runfiles link to a copy (BUILD's genrule).
+    here = pathlib.Path(os.path.abspath(__file__)).parents[1]
+    path = pathlib.Path(os.path.abspath(compat().__file__))
+    assert here in path.parents, (
         f"tf_crossdevice.compat comes from {path}, not this checkout; "
         "reinstall it here: pip install -e ."
     )

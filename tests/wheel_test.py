@@ -22,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_wheel_has_the_package_and_no_benchmark_study(tmp_path):
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("setup.py", "README.md"):
+    for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     for package in ("tf_crossdevice", "compat", "benchmarks"):
         shutil.copytree(

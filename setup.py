@@ -15,9 +15,16 @@ setuptools.setup(
     ),
     long_description=README.read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
-    packages=setuptools.find_packages(
-        include=["tf_crossdevice", "tf_crossdevice.*"]
-    ),
+    # The legacy layer lives in the top-level compat/ folder, apart from the
+    # core, and installs as tf_crossdevice.compat (in a wheel and in an
+    # editable install alike).
+    packages=[
+        *setuptools.find_packages(
+            include=["tf_crossdevice", "tf_crossdevice.*"]
+        ),
+        "tf_crossdevice.compat",
+    ],
+    package_dir={"tf_crossdevice.compat": "compat"},
     package_data={"tf_crossdevice": ["py.typed"]},
     python_requires=">=3.10",
     # The full tensorflow wheel runs on CPU-only machines and on GPUs (add

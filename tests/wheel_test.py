@@ -1,5 +1,8 @@
 """The wheel holds the library and not the benchmark study (issue #12).
 
+The legacy layer, kept in the top-level compat/ folder, installs as
+tf_crossdevice.compat (issue #14).
+
 Builds the wheel from a copy of what setup.py reads (no network, no build
 isolation: setuptools and wheel come with the test environment) and lists
 what is inside.
@@ -19,9 +22,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_wheel_has_the_package_and_no_benchmark_study(tmp_path):
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("setup.py", "README.md"):
+    for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for package in ("tf_crossdevice", "benchmarks"):
+    for package in ("tf_crossdevice", "compat", "benchmarks"):
         shutil.copytree(
             ROOT / package,
             source / package,
@@ -47,6 +50,8 @@ def test_wheel_has_the_package_and_no_benchmark_study(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("tf_crossdevice-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.startswith("benchmarks/")], names
+    # The top-level compat/ folder installs inside the package.
+    assert not [n for n in names if n.startswith("compat/")], names
     # The measuring core the library needs stays; so does the type marker.
     for needed in ("_measure.py", "_processes.py", "compat/__init__.py"):
         assert f"tf_crossdevice/{needed}" in names, needed

@@ -1,0 +1,209 @@
+"""The legacy names, what replaces each, and what changed on purpose.
+
+One table serves the compat layer (its deprecation warnings) and the
+migration command (what it rewrites, and what it reports it cannot). Pure
+data: importing it starts no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Legacy:
+    """One legacy name of `tf_crossdevice.compat`.
+
+    Attributes:
+        name: the old name.
+        replacement: what to write instead, as code (a dotted name), or a
+            description when no single name replaces it.
+        change: how the replacement behaves differently, on purpose ("" when
+            it does not).
+        rename: True when the migration command rewrites the name to
+            `replacement` (plus the keyword and constant rewrites below);
+            False when it leaves the name and reports it.
+    """
+
+    name: str
+    replacement: str
+    change: str = ""
+    rename: bool = True
+
+
+_REDUCE_CHANGE = (
+    "reduce and batch_reduce take a tf.distribute.ReduceOp as reduce_op "
+    "(not a tf.VariableAggregation as aggregation) and the value as "
+    "per_replica_value (not per_device_value); a single destination gives "
+    "a tensor rather than a Mirrored value"
+)
+
+LEGACY: dict[str, Legacy] = {
+    legacy.name: legacy
+    for legacy in (
+        # tf.contrib.distribute (TF 1.10-1.12, cross_tower_ops.py).
+        Legacy("CrossTowerOps", "tf.distribute.CrossDeviceOps", _REDUCE_CHANGE),
+        Legacy(
+            "ReductionToOneDeviceCrossTowerOps",
+            "tf_crossdevice.ReductionToOneDevice",
+            _REDUCE_CHANGE,
+        ),
+        Legacy(
+            "AllReduceCrossTowerOps",
+            "tf_crossdevice.AllReduceCrossDeviceOps",
+            _REDUCE_CHANGE,
+        ),
+        Legacy(
+            "MultiWorkerAllReduce",
+            "tf_crossdevice.MultiWorkerAllReduce",
+            _REDUCE_CHANGE,
+        ),
+        Legacy(
+            "CollectiveAllReduce",
+            "tf_crossdevice.CollectiveAllReduce",
+            _REDUCE_CHANGE + "; between workers it runs under "
+            "tf_crossdevice.MultiWorkerMirroredStrategy",
+        ),
+        Legacy(
+            "AllReduceSpecTuple",
+            "a plain (alg, shards, limit) tuple",
+            "all_reduce_spec takes plain tuples; the named tuple is gone",
+        ),
+        Legacy(
+            "ConcatAndSplitPacker",
+            "the num_packs argument of tf_crossdevice.AllReduceCrossDeviceOps",
+            "the CrossDeviceOps classes pack for you; there is no public "
+            "packer object",
+            rename=False,
+        ),
+        Legacy(
+            "AggregateSmallTensorPacker",
+            "the agg_small_grads_max_bytes and agg_small_grads_max_group "
+            "arguments of tf_crossdevice.AllReduceCrossDeviceOps",
+            "the CrossDeviceOps classes pack for you; there is no public "
+            "packer object",
+            rename=False,
+        ),
+        Legacy(
+            "choose_the_best",
+            "tf_crossdevice.select_cross_device_ops",
+            "session_config is ignored: TensorFlow 2 reads device links "
+            "without a Session",
+        ),
+        Legacy(
+            "check_destinations",
+            "nothing: tf.distribute.CrossDeviceOps methods check their "
+            "destinations",
+            rename=False,
+        ),
+        Legacy(
+            "validate_destinations",
+            "nothing: tf.distribute.CrossDeviceOps methods check their "
+            "destinations",
+            rename=False,
+        ),
+        Legacy(
+            "get_devices_from",
+            "the .devices of a distributed value, or the device strings "
+            "themselves",
+            rename=False,
+        ),
+        Legacy(
+            "PerDevice",
+            "tf.distribute values: strategy.run results, or "
+            "strategy.experimental_distribute_values_from_function",
+            "TensorFlow 2's PerReplica is built by a strategy, not from a "
+            "{device: value} dict",
+            rename=False,
+        ),
+        Legacy(
+            "Mirrored",
+            "tf.distribute values: the results of CrossDeviceOps.reduce "
+            "and broadcast",
+            "TensorFlow 2's Mirrored is built by a strategy, not from a "
+            "{device: value} dict",
+            rename=False,
+        ),
+        Legacy(
+            "MirroredStrategy",
+            "tf.distribute.MirroredStrategy",
+            "devices= replaces num_gpus=, and cross_device_ops= replaces "
+            "cross_tower_ops=",
+        ),
+        # tf.compat.v1.distribute and TF 2.2-2.3's experimental names.
+        Legacy(
+            "CrossDeviceOps",
+            "tf.distribute.CrossDeviceOps",
+            "options= replaces TF 2.2's experimental_hints=",
+        ),
+        Legacy(
+            "ReductionToOneDevice",
+            "tf_crossdevice.ReductionToOneDevice",
+            "options= replaces TF 2.2's experimental_hints=",
+        ),
+        Legacy(
+            "NcclAllReduce",
+            "tf_crossdevice.NcclAllReduce",
+            "options= replaces TF 2.2's experimental_hints=",
+        ),
+        Legacy(
+            "HierarchicalCopyAllReduce",
+            "tf_crossdevice.HierarchicalCopyAllReduce",
+            "options= replaces TF 2.2's experimental_hints=",
+        ),
+        Legacy("ReduceOp", "tf.distribute.ReduceOp"),
+        Legacy(
+            "CollectiveHints",
+            "tf.distribute.experimental.CommunicationOptions",
+            "it also takes implementation= (RING, NCCL or AUTO)",
+        ),
+    )
+}
+
+# Old keyword -> new keyword, in CrossDeviceOps methods and the strategy.
+KEYWORDS: dict[str, str] = {
+    "aggregation": "reduce_op",
+    "method_string": "reduce_op",
+    "per_device_value": "per_replica_value",
+    "experimental_hints": "options",
+    "cross_tower_ops": "cross_device_ops",
+}
+
+# tf.VariableAggregation member -> the ReduceOp that replaces it as a reduce
+# op, or why none does.
+AGGREGATIONS: dict[str, str] = {
+    "SUM": "tf.distribute.ReduceOp.SUM",
+    "MEAN": "tf.distribute.ReduceOp.MEAN",
+}
+NOT_REDUCTIONS: dict[str, str] = {
+    "ONLY_FIRST_REPLICA": (
+        "no ReduceOp takes the first replica's value; broadcast it instead: "
+        "ops.broadcast(value.values[0], destinations)"
+    ),
+    "ONLY_FIRST_TOWER": (
+        "no ReduceOp takes the first replica's value; broadcast it instead: "
+        "ops.broadcast(value.values[0], destinations)"
+    ),
+    "NONE": (
+        "VariableAggregation.NONE says the values must not be combined, so "
+        "there is nothing to reduce"
+    ),
+}
+
+
+def warning_text(name: str) -> str:
+    """The deprecation message for legacy name `name`.
+
+    >>> print(warning_text("CollectiveHints"))
+    tf_crossdevice.compat.CollectiveHints is deprecated; use \
+tf.distribute.experimental.CommunicationOptions instead (it also takes \
+implementation= (RING, NCCL or AUTO)).
+    """
+    legacy = LEGACY[name]
+    text = (
+        f"tf_crossdevice.compat.{name} is deprecated; use "
+        f"{legacy.replacement} instead"
+    )
+    if legacy.change:
+        text += f" ({legacy.change})"
+    return text + "."

@@ -1,0 +1,208 @@
+"""The legacy CrossDeviceOps classes, TF 1's strategy call, CollectiveHints.
+
+Each class is the new one plus `LegacyArguments`: the same algorithm, the
+old arguments. `CrossTowerOps` (TF 1) and `CrossDeviceOps` (tf.compat.v1)
+are the base for legacy subclasses: a TF 1 subclass implements `_reduce`,
+`_batch_reduce` and maybe `_broadcast`; a TF 2 one the `*_implementation`
+hooks.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+import tf_crossdevice
+
+from ._arguments import LegacyArguments
+
+
+class CrossDeviceOps(
+    LegacyArguments, tf.distribute.CrossDeviceOps, metaclass=abc.ABCMeta
+):
+    """TF 1's CrossTowerOps and tf.compat.v1's CrossDeviceOps: a base class.
+
+    A subclass implements TF 2's `reduce_implementation` (and the other
+    hooks), or TF 1's `_reduce(reduce_op, per_replica_value, destinations)`
+    and `_batch_reduce(reduce_op, value_destination_pairs)`; TF 1's hooks
+    get a `tf.distribute.ReduceOp`, where contrib passed a
+    VariableAggregation. Every legacy class of `tf_crossdevice.compat` is an
+    instance of this one.
+    """
+
+    def reduce_implementation(
+        self,
+        reduce_op: Any,
+        per_replica_value: Any,
+        destinations: Any,
+        options: Any,
+    ) -> Any:
+        return self._reduce(reduce_op, per_replica_value, destinations)
+
+    def batch_reduce_implementation(
+        self, reduce_op: Any, value_destination_pairs: Any, options: Any
+    ) -> Any:
+        return self._batch_reduce(reduce_op, value_destination_pairs)
+
+    def broadcast_implementation(self, tensor: Any, destinations: Any) -> Any:
+        return self._broadcast(tensor, destinations)
+
+    def _reduce(
+        self, reduce_op: Any, per_replica_value: Any, destinations: Any
+    ) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__}: implement reduce_implementation (TF 2) "
+            "or _reduce (TF 1)"
+        )
+
+    def _batch_reduce(
+        self, reduce_op: Any, value_destination_pairs: Any
+    ) -> Any:
+        return [
+            self._reduce(reduce_op, v, d) for v, d in value_destination_pairs
+        ]
+
+    def _broadcast(self, tensor: Any, destinations: Any) -> Any:
+        return super().broadcast_implementation(tensor, destinations)
+
+
+class ReductionToOneDeviceCrossTowerOps(
+    LegacyArguments, tf_crossdevice.ReductionToOneDevice
+):
+    """TF 1's name for `tf_crossdevice.ReductionToOneDevice`."""
+
+
+class ReductionToOneDevice(
+    LegacyArguments, tf_crossdevice.ReductionToOneDevice
+):
+    """tf.compat.v1's name for `tf_crossdevice.ReductionToOneDevice`."""
+
+
+class AllReduceCrossTowerOps(
+    LegacyArguments, tf_crossdevice.AllReduceCrossDeviceOps
+):
+    """TF 1's name for `tf_crossdevice.AllReduceCrossDeviceOps`."""
+
+
+class NcclAllReduce(LegacyArguments, tf_crossdevice.NcclAllReduce):
+    """tf.compat.v1's name for `tf_crossdevice.NcclAllReduce`."""
+
+
+class HierarchicalCopyAllReduce(
+    LegacyArguments, tf_crossdevice.HierarchicalCopyAllReduce
+):
+    """tf.compat.v1's name for `tf_crossdevice.HierarchicalCopyAllReduce`."""
+
+
+class MultiWorkerAllReduce(
+    LegacyArguments, tf_crossdevice.MultiWorkerAllReduce
+):
+    """TF 1's `MultiWorkerAllReduce`, with TF 1's arguments."""
+
+
+class CollectiveAllReduce(LegacyArguments, tf_crossdevice.CollectiveAllReduce):
+    """TF 1's `CollectiveAllReduce`, with TF 1's arguments."""
+
+
+for _legacy in (
+    ReductionToOneDeviceCrossTowerOps,
+    ReductionToOneDevice,
+    AllReduceCrossTowerOps,
+    NcclAllReduce,
+    HierarchicalCopyAllReduce,
+    MultiWorkerAllReduce,
+    CollectiveAllReduce,
+):
+    CrossDeviceOps.register(_legacy)
+
+ReduceOp = tf.distribute.ReduceOp
+
+AllReduceSpecTuple = collections.namedtuple(
+    "AllReduceSpecTuple", ["alg", "shards", "limit"]
+)
+AllReduceSpecTuple.__doc__ = """TF 1's named (alg, shards, limit) spec tuple.
+
+`all_reduce_spec` takes it like any tuple:
+
+>>> spec = AllReduceSpecTuple("pscpu", 1, -1)
+>>> tf_crossdevice.MultiWorkerAllReduce(["/job:localhost"], 0, [spec])
+<...MultiWorkerAllReduce object at ...>
+"""
+
+
+def choose_the_best(
+    devices: Sequence[str], session_config: Any = None
+) -> tf.distribute.CrossDeviceOps:
+    """TF 1's `select_cross_device_ops`; `session_config` is ignored.
+
+    TensorFlow 2 reads device links without a Session.
+
+    >>> ops = choose_the_best(["/cpu:0", "/cpu:1"], session_config=None)
+    >>> isinstance(ops, tf.distribute.CrossDeviceOps)
+    True
+    """
+    del session_config
+    return tf_crossdevice.select_cross_device_ops(list(devices))
+
+
+def collective_hints(
+    bytes_per_pack: int = 0, timeout_seconds: float | None = None
+) -> Any:
+    """TF 2.2's `CollectiveHints`: now `CommunicationOptions`.
+
+    >>> collective_hints(bytes_per_pack=1024).bytes_per_pack
+    1024
+    """
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds
+    )
+
+
+def mirrored_strategy(
+    devices: Sequence[str] | None = None,
+    num_gpus: int | None = None,
+    cross_tower_ops: tf.distribute.CrossDeviceOps | None = None,
+) -> tf.distribute.MirroredStrategy:
+    """TF 1's `tf.contrib.distribute.MirroredStrategy`: TF 2's strategy.
+
+    Args:
+        devices: the devices to mirror on; None: see `num_gpus`.
+        num_gpus: with `devices` None, mirror on "/gpu:0" ... (0: "/cpu:0");
+            both None: every GPU, else the CPU (TF 2's default).
+        cross_tower_ops: the `cross_device_ops` of TF 2's strategy.
+
+    Raises:
+        ValueError: both `devices` and `num_gpus` are given.
+
+    >>> strategy = mirrored_strategy(
+    ...     ["/cpu:0", "/cpu:1"], cross_tower_ops=ReductionToOneDevice())
+    >>> strategy.num_replicas_in_sync
+    2
+    """
+    if devices is not None and num_gpus is not None:
+        raise ValueError(
+            f"num_gpus: give devices or num_gpus, not both (got devices="
+            f"{list(devices)!r} and num_gpus={num_gpus!r})"
+        )
+    if num_gpus is not None:
+        if isinstance(num_gpus, bool) or not isinstance(num_gpus, int):
+            raise TypeError(f"num_gpus: expected an int, got {num_gpus!r}")
+        if num_gpus < 0:
+            raise ValueError(f"num_gpus: expected 0 or more, got {num_gpus}")
+        devices = [f"/gpu:{i}" for i in range(num_gpus)] or ["/cpu:0"]
+    if cross_tower_ops is not None and not isinstance(
+        cross_tower_ops, tf.distribute.CrossDeviceOps
+    ):
+        raise TypeError(
+            "cross_tower_ops: expected None or a tf.distribute.CrossDeviceOps "
+            f"(e.g. tf_crossdevice.compat.AllReduceCrossTowerOps()), got "
+            f"{type(cross_tower_ops).__name__}"
+        )
+    return tf.distribute.MirroredStrategy(
+        devices=None if devices is None else list(devices),
+        cross_device_ops=cross_tower_ops,
+    )

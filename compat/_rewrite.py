@@ -813,15 +813,20 @@ def _prune_body(
     """
     result: list[cst.BaseStatement] = []
     carried: list[cst.EmptyLine] = []
+    removed_first = False
 
     def append(statement: cst.BaseStatement) -> None:
-        if carried:
+        if carried or (removed_first and not result):
             assert isinstance(
                 statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement)
             )
-            statement = statement.with_changes(
-                leading_lines=[*carried, *statement.leading_lines]
-            )
+            lines = [*carried, *statement.leading_lines]
+            if not result:
+                # The body starts here now: no blank lines before its first
+                # comment or statement.
+                while lines and lines[0].comment is None:
+                    lines.pop(0)
+            statement = statement.with_changes(leading_lines=lines)
             carried.clear()
         result.append(statement)
 
@@ -840,6 +845,7 @@ def _prune_body(
                     small.append(part)
             if not small:
                 carried.extend(statement.leading_lines)
+                removed_first = removed_first or not result
                 continue
             if len(small) != len(statement.body):
                 small[-1] = small[-1].with_changes(

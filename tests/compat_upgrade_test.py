@@ -6,6 +6,7 @@ in-process on files in tmp_path.
 
 from __future__ import annotations
 
+import doctest
 import pathlib
 import sys
 import textwrap
@@ -15,7 +16,9 @@ import pytest
 from tf_crossdevice import _processes
 from tf_crossdevice.compat import _rewrite, upgrade
 
-COMPAT = pathlib.Path(__file__).resolve().parents[1] / "compat"
+# The compat package's folder: compat/ in a checkout, tf_crossdevice/compat/
+# under Bazel.
+COMPAT = pathlib.Path(upgrade.__file__).resolve().parent
 
 
 def code(text):
@@ -837,3 +840,12 @@ def test_the_rewriting_modules_import_no_tensorflow():
             "tf.distribute.CrossDeviceOps",
             "[]",
         ]
+
+
+@pytest.mark.parametrize(
+    "module", [_rewrite, upgrade], ids=lambda m: m.__name__
+)
+def test_docstring_examples(module):
+    results = doctest.testmod(module)
+    assert results.attempted > 0
+    assert results.failed == 0

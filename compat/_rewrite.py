@@ -370,6 +370,17 @@ class _Upgrader(cst.CSTTransformer):
         scope = self.get_metadata(metadata.ScopeProvider, node, None)
         line = self.get_metadata(metadata.PositionProvider, node).start.line
         self._imports.append(_Import(node, scope, line))
+        if isinstance(node, cst.ImportFrom) and isinstance(
+            node.names, cst.ImportStar
+        ):
+            module = helpers.get_full_name_for_node(node.module or node)
+            if not node.relative and module and _is_legacy_target(module):
+                # Its names cannot be told from the module's own.
+                self._not_converted(
+                    node,
+                    _code(node),
+                    "import the names it uses by name, then upgrade again",
+                )
 
     def leave_Name(
         self, original_node: cst.Name, updated_node: cst.Name

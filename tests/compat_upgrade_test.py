@@ -634,6 +634,19 @@ def test_not_renamed_compat_names_are_reported_and_kept():
     ]
 
 
+def test_a_star_import_of_a_legacy_module_is_reported():
+    source = """
+        from tensorflow.contrib.distribute import *
+
+        ops = AllReduceCrossTowerOps()
+        """
+    assert rewritten(source) == code(source)
+    assert report(source) == [
+        "m.py:1: not converted: from tensorflow.contrib.distribute import * "
+        "(import the names it uses by name, then upgrade again)"
+    ]
+
+
 def test_an_unparsable_module_raises_with_its_line():
     with pytest.raises(_rewrite.ParseError) as raised:
         upgrade.upgrade_code("x = 1\ndef f(:\n    pass\n")

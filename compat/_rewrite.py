@@ -46,6 +46,28 @@ _IMPORTS = {
     ),
 }
 _REPORT_WIDTH = 80
+# Code without any of these has nothing to rewrite or report, and skips the
+# name resolution (most of the time spent on a module): every legacy source
+# is spelled with one, and so is every keyword and reduce op rewritten.
+_CLUES = re.compile(
+    "|".join(
+        [
+            "compat",
+            "contrib",
+            "VariableAggregation",
+            *(
+                name.rpartition(".")[2]
+                for name in _names.TF_LEGACY_NAMES
+                if ".compat." not in name  # Those are spelled with compat.
+            ),
+            *_names.KEYWORDS,
+            # "sum", "mean" and the like as strings.
+            "[\"'](?i:"
+            + "|".join([*_names.AGGREGATIONS, *_names.NOT_REDUCTIONS])
+            + ")[\"']",
+        ]
+    )
+)
 
 
 class Kind(enum.Enum):
@@ -118,6 +140,8 @@ def rewrite(code: str) -> Rewrite:
             line = python_error.lineno or error.raw_line
             raise ParseError(line, python_error.msg) from error
         raise ParseError(error.raw_line, error.message) from error
+    if not _CLUES.search(code):
+        return Rewrite(code, ())
     wrapper = metadata.MetadataWrapper(module)
     upgrader = _Upgrader()
     new_code = wrapper.visit(upgrader).code

@@ -272,7 +272,6 @@ class _Upgrader(cst.CSTTransformer):
         self._imports: list[_Import] = []
         # Import statements the new code needs -> (name, module) they bind.
         self._needs: dict[str, tuple[str, str]] = {}
-        self._tf = "tf"
 
     # Reports.
 
@@ -290,16 +289,6 @@ class _Upgrader(cst.CSTTransformer):
         self._report(node, Kind.NOT_CONVERTED, f"{_one_line(what)} ({why})")
 
     # Names.
-
-    def visit_Module(self, node: cst.Module) -> None:
-        # Where `tf` names another module (`import tensorflow.compat.v1 as
-        # tf`), new code spells TensorFlow's names `tensorflow.`.
-        scope = self.get_metadata(metadata.ScopeProvider, node)
-        assert scope is not None
-        for assignment in scope["tf"]:
-            names = assignment.get_qualified_names_for("tf")
-            if {name.name for name in names} != {"tensorflow"}:
-                self._tf = "tensorflow"
 
     def _is_access(self, name: cst.Name) -> bool:
         scope = self.get_metadata(metadata.ScopeProvider, name, None)
@@ -352,10 +341,17 @@ class _Upgrader(cst.CSTTransformer):
             return _Match(_names.LEGACY[attribute], source)
         return None
 
-    def _expression(self, dotted: str) -> cst.BaseExpression:
-        """`dotted` (tf.X or tf_crossdevice.X) as code; notes its import."""
+    def _expression(self, dotted: str, site: cst.CSTNode) -> cst.BaseExpression:
+        """`dotted` (tf.X or tf_crossdevice.X) as code at `site`.
+
+        Notes the import it needs unless `site` sees that name already.
+        Where an import binds `tf` to another module (`import
+        tensorflow.compat.v1 as tf`), TensorFlow's names are spelled
+        `tensorflow.`.
+        """
+        scope = self.get_metadata(metadata.ScopeProvider, site, None)
         if dotted.startswith("tf."):
-            if self._tf == "tensorflow":
+            if self._imported_as(scope, "tf") - {"tensorflow", ""}:
                 dotted = "tensorflow." + dotted[len("tf.") :]
                 statement = "import tensorflow"
             else:
@@ -364,8 +360,29 @@ class _Upgrader(cst.CSTTransformer):
             statement = "import tf_crossdevice.compat"
         else:
             statement = "import tf_crossdevice"
-        self._needs[statement] = _IMPORTS[statement]
+        name, module = _IMPORTS[statement]
+        if not self._imported_as(scope, name) & {module, ""}:
+            self._needs[statement] = (name, module)
         return cst.parse_expression(dotted)
+
+    def _imported_as(self, scope: metadata.Scope | None, name: str) -> set[str]:
+        """The modules `name` is imported as in `scope`; "" for a binding
+        that is not an import (`tf = self.tf`, taken to be the usual
+        module). Legacy imports do not count: the command may drop them."""
+        if scope is None:
+            return set()
+        bound: set[str] = set()
+        for assignment in scope[name]:
+            node = getattr(assignment, "node", None)
+            if not isinstance(node, (cst.Import, cst.ImportFrom)):
+                bound.add("")
+            elif not any(
+                _is_legacy_target(target)
+                for _, target, _ in _import_targets(node)
+            ):
+                names = assignment.get_qualified_names_for(name)
+                bound.update(qualified.name for qualified in names)
+        return bound
 
     def _replace(
         self,
@@ -438,12 +455,14 @@ class _Upgrader(cst.CSTTransformer):
     ) -> cst.BaseExpression:
         legacy = match.legacy
         if legacy.rename and _DOTTED.fullmatch(legacy.replacement):
-            new = self._expression(legacy.replacement)
+            new = self._expression(legacy.replacement, original)
             return self._replace(original, updated, new)
         # Left to a person; contrib's path becomes the compat layer's, which
         # runs on TF 2.21.
         if match.source == "contrib":
-            new = self._expression(f"tf_crossdevice.compat.{legacy.name}")
+            new = self._expression(
+                f"tf_crossdevice.compat.{legacy.name}", original
+            )
             updated = self._replace(original, updated, new)
         self._not_converted(original, _code(updated), legacy.replacement)
         return updated
@@ -491,7 +510,9 @@ class _Upgrader(cst.CSTTransformer):
     ) -> cst.Call:
         """Leaves a special call as it is; contrib's path becomes compat's."""
         if match.source == "contrib":
-            new = self._expression(f"tf_crossdevice.compat.{match.legacy.name}")
+            new = self._expression(
+                f"tf_crossdevice.compat.{match.legacy.name}", original
+            )
             updated = updated.with_changes(
                 func=self._replace(original.func, updated.func, new)
             )
@@ -547,7 +568,9 @@ class _Upgrader(cst.CSTTransformer):
             )
         replacement = match.legacy.replacement
         new_func = self._replace(
-            original.func, updated.func, self._expression(replacement)
+            original.func,
+            updated.func,
+            self._expression(replacement, original),
         )
         if "session_config" in bound:
             index = bound["session_config"]
@@ -597,7 +620,7 @@ class _Upgrader(cst.CSTTransformer):
         new_func = self._replace(
             original.func,
             updated.func,
-            self._expression(match.legacy.replacement),
+            self._expression(match.legacy.replacement, original),
         )
         parameter = {index: name for name, index in bound.items()}
         args = []
@@ -672,7 +695,7 @@ class _Upgrader(cst.CSTTransformer):
             if enum_name in _names.VARIABLE_AGGREGATION_ENUMS:
                 member = attribute
         if member in _names.AGGREGATIONS:
-            new = self._expression(_names.AGGREGATIONS[member])
+            new = self._expression(_names.AGGREGATIONS[member], node)
             self._changed(node, _code(node), _code(new))
             return new.with_changes(lpar=node.lpar, rpar=node.rpar)
         if member in _names.NOT_REDUCTIONS:

@@ -517,6 +517,32 @@ CASES = {
             )
         """,
     ),
+    "tensorflow_imported_where_it_is_used": (
+        """
+        def total(ops, value):
+            import tensorflow as tf
+
+            return ops.reduce(tf.VariableAggregation.SUM, value, None)
+        """,
+        """
+        def total(ops, value):
+            import tensorflow as tf
+
+            return ops.reduce(tf.distribute.ReduceOp.SUM, value, None)
+        """,
+    ),
+    "tf_assigned_where_it_is_used": (
+        """
+        def total(self, value):
+            tf = self.tf
+            return self.ops.reduce("sum", value, None)
+        """,
+        """
+        def total(self, value):
+            tf = self.tf
+            return self.ops.reduce(tf.distribute.ReduceOp.SUM, value, None)
+        """,
+    ),
     "nothing_legacy": (
         """
         import tensorflow as tf

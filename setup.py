@@ -45,12 +45,17 @@ setuptools.setup(
         # matplotlib draws the benchmark's time-vs-size plot; tqdm is its
         # progress bar (a full run takes a long time).
         "benchmark": ["matplotlib>=3.8", "tqdm>=4.66"],
+        # python -m tf_crossdevice.compat.upgrade rewrites code with libcst,
+        # which keeps comments and formatting (ast would drop them).
+        "upgrade": ["libcst>=1.1"],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3",
             "hypothesis>=6.100",
             "matplotlib>=3.8",
             "tqdm>=4.66",
+            # tests/compat_upgrade_test.py runs the migration command.
+            "libcst>=1.1",
         ],
         # Pinned: a new release's rules would otherwise fail CI on its own.
         "dev": ["ruff==0.17.6", "mypy==2.4.1", "types-psutil>=7.0"],

@@ -207,3 +207,55 @@ implementation= (RING, NCCL or AUTO)).
     if legacy.change:
         text += f" ({legacy.change})"
     return text + "."
+
+
+# Where the migration command finds the legacy names.
+
+# Modules whose attributes are LEGACY names: TF 1's contrib package and the
+# contrib modules 2018 code imported from directly, and this compat layer.
+LEGACY_MODULES: tuple[str, ...] = (
+    "tensorflow.contrib.distribute",
+    "tensorflow.contrib.distribute.python.cross_tower_ops",
+    "tensorflow.contrib.distribute.python.mirrored_strategy",
+    "tensorflow.contrib.distribute.python.values",
+    "tf_crossdevice.compat",
+)
+
+# TensorFlow 2 names that are LEGACY names too (qualified name -> LEGACY
+# key): TF 1's v1 aliases and TF 2.2-2.3's experimental hints.
+TF_LEGACY_NAMES: dict[str, str] = {
+    "tensorflow.compat.v1.distribute.CrossDeviceOps": "CrossDeviceOps",
+    "tensorflow.compat.v1.distribute.ReduceOp": "ReduceOp",
+    "tensorflow.distribute.experimental.CollectiveHints": "CollectiveHints",
+}
+
+# The enums whose members AGGREGATIONS and NOT_REDUCTIONS name.
+VARIABLE_AGGREGATION_ENUMS: tuple[str, ...] = (
+    "tensorflow.VariableAggregation",
+    "tensorflow.compat.v1.VariableAggregation",
+)
+
+# Methods whose first argument is the reduce op (a VariableAggregation in
+# TF 1), and the methods whose keywords KEYWORDS renames: those of
+# CrossDeviceOps and the strategy's extended, plus TF 2.2's
+# ReplicaContext.all_reduce, which took experimental_hints=.
+REDUCE_METHODS: frozenset[str] = frozenset(
+    {"reduce", "batch_reduce", "reduce_to", "batch_reduce_to"}
+)
+KEYWORD_METHODS: frozenset[str] = REDUCE_METHODS | {"broadcast", "all_reduce"}
+
+# Keywords of contrib's MirroredStrategy that tf.distribute.MirroredStrategy
+# has no counterpart for: the migration command leaves such a call as it is.
+STRATEGY_KEYWORDS_BY_HAND: dict[str, str] = {
+    "num_gpus_per_worker": (
+        "several workers' GPUs are tf_crossdevice.MultiWorkerMirroredStrategy "
+        "(or tf.distribute.MultiWorkerMirroredStrategy) replicas"
+    ),
+    "prefetch_on_device": (
+        "strategy.experimental_distribute_dataset prefetches to the devices"
+    ),
+    "auto_shard_dataset": (
+        "set tf.data.Options().experimental_distribute.auto_shard_policy "
+        "on the dataset instead"
+    ),
+}

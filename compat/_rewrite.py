@@ -61,10 +61,6 @@ _CLUES = re.compile(
                 if ".compat." not in name  # Those are spelled with compat.
             ),
             *_names.KEYWORDS,
-            # "sum", "mean" and the like as strings.
-            "[\"'](?i:"
-            + "|".join([*_names.AGGREGATIONS, *_names.NOT_REDUCTIONS])
-            + ")[\"']",
         ]
     )
 )
@@ -683,13 +679,12 @@ class _Upgrader(cst.CSTTransformer):
         return updated.with_changes(args=args)
 
     def _reduce_op(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
-        """The ReduceOp for a VariableAggregation member or "sum"/"mean"."""
+        """The ReduceOp for a VariableAggregation member.
+
+        The strings "sum" and "mean" stay: TensorFlow 2 takes them too.
+        """
         member = None
-        if isinstance(node, cst.SimpleString):
-            value = node.evaluated_value
-            if isinstance(value, str):
-                member = value.upper()
-        elif isinstance(node, cst.Attribute):
+        if isinstance(node, cst.Attribute):
             name = self._qualified_name(node) or ""
             enum_name, _, attribute = name.rpartition(".")
             if enum_name in _names.VARIABLE_AGGREGATION_ENUMS:

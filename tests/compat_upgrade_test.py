@@ -359,9 +359,9 @@ CASES = {
         ops.batch_reduce(reduce_op=tf.distribute.ReduceOp.MEAN)
         strategy.extended.reduce_to(tf.distribute.ReduceOp.SUM, v, d)
         strategy.extended.batch_reduce_to(
-            reduce_op=tf.distribute.ReduceOp.MEAN, value_destination_pairs=p
+            reduce_op="Mean", value_destination_pairs=p
         )
-        ops.reduce(tf.distribute.ReduceOp.SUM, v, d)
+        ops.reduce("sum", v, d)
         """,
     ),
     "variable_aggregation_elsewhere_stays": (
@@ -531,7 +531,8 @@ CASES = {
             return ops.reduce(tf.distribute.ReduceOp.SUM, value, None)
         """,
     ),
-    "tf_assigned_where_it_is_used": (
+    # TensorFlow 2 takes the strings too: they are not legacy.
+    "reduce_op_strings_stay": (
         """
         def total(self, value):
             tf = self.tf
@@ -540,7 +541,7 @@ CASES = {
         """
         def total(self, value):
             tf = self.tf
-            return self.ops.reduce(tf.distribute.ReduceOp.SUM, value, None)
+            return self.ops.reduce("sum", value, None)
         """,
     ),
     "nothing_legacy": (

@@ -12,7 +12,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice import _base, _tf_internal
+from tf_crossdevice import _base, _tf_internal, testing
 
 
 def _placed(index: Any, argument: str) -> tuple[Any, ...]:
@@ -21,21 +21,8 @@ def _placed(index: Any, argument: str) -> tuple[Any, ...]:
             f"{argument}: expected a non-empty {{device: value}} dict, got "
             f"{index!r}"
         )
-    placed = []
-    for device, value in index.items():
-        device = _base.canonical_device(device, argument)
-        with tf.device(device):
-            if isinstance(value, tf.IndexedSlices):
-                placed.append(
-                    tf.IndexedSlices(
-                        tf.identity(value.values),
-                        tf.identity(value.indices),
-                        value.dense_shape,
-                    )
-                )
-            else:
-                placed.append(tf.identity(value))
-    return tuple(placed)
+    devices = [_base.canonical_device(d, argument) for d in index]
+    return testing.per_replica(list(index.values()), devices).values
 
 
 def per_device(index: Mapping[str, Any]) -> Any:

@@ -65,9 +65,13 @@ def test_legacy_classes_take_tf1_aggregation(aggregation, want):
 def test_tf1_aggregation_that_is_no_reduction_names_the_allowed_ones():
     ops = _legacy("ReductionToOneDeviceCrossTowerOps")()
     value = testing.per_replica([tf.constant(1.0), tf.constant(3.0)])
-    aggregation = tf.compat.v1.VariableAggregation.ONLY_FIRST_TOWER
-    with pytest.raises(ValueError, match="aggregation: .*SUM or MEAN"):
-        ops.reduce(aggregation, value, "/cpu:0")
+    with pytest.raises(ValueError, match="reduce_op: .*nothing to reduce.*SUM"):
+        ops.reduce(tf.VariableAggregation.NONE, value, "/cpu:0")
+    # ONLY_FIRST_TOWER meant the first replica's value (issue #14).
+    first = ops.reduce(
+        tf.compat.v1.VariableAggregation.ONLY_FIRST_TOWER, value, "/cpu:0"
+    )
+    assert float(first) == 1.0
 
 
 # 2. One destination: the plain tensor -------------------------------------

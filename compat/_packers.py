@@ -13,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice import _packing
+from tf_crossdevice import _checks, _packing
 
 GradsAndVars = Sequence[Sequence[tuple[Any, Any]]]
 
@@ -71,11 +71,7 @@ class ConcatAndSplitPacker(_Packer):
     """
 
     def __init__(self, num_packs: int = 1) -> None:
-        if isinstance(num_packs, bool) or not isinstance(num_packs, int):
-            raise TypeError(f"num_packs: expected an int, got {num_packs!r}")
-        if num_packs <= 0:
-            raise ValueError(f"num_packs: expected 1 or more, got {num_packs}")
-        self.num_packs = num_packs
+        self.num_packs = _checks.positive_int(num_packs, "num_packs")
         super().__init__(
             num_packs=num_packs,
             agg_small_grads_max_bytes=0,
@@ -98,16 +94,12 @@ class AggregateSmallTensorPacker(_Packer):
         agg_small_grads_max_bytes: int = 1048576,
         agg_small_grads_max_group: int = 16,
     ) -> None:
-        for name, value in (
-            ("agg_small_grads_max_bytes", agg_small_grads_max_bytes),
-            ("agg_small_grads_max_group", agg_small_grads_max_group),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name}: expected an int, got {value!r}")
-            if value <= 0:
-                raise ValueError(f"{name}: expected 1 or more, got {value}")
-        self.agg_small_grads_max_bytes = agg_small_grads_max_bytes
-        self.agg_small_grads_max_group = agg_small_grads_max_group
+        self.agg_small_grads_max_bytes = _checks.positive_int(
+            agg_small_grads_max_bytes, "agg_small_grads_max_bytes"
+        )
+        self.agg_small_grads_max_group = _checks.positive_int(
+            agg_small_grads_max_group, "agg_small_grads_max_group"
+        )
         super().__init__(
             num_packs=0,
             agg_small_grads_max_bytes=agg_small_grads_max_bytes,

@@ -15,6 +15,7 @@ PUBLIC_SUBMODULES = {
     "collective_runtime",
     "strategy",
     "launch",
+    "cost_model",
 }
 # Public classes that are not CrossDeviceOps.
 OTHER_CLASSES = {"MultiWorkerMirroredStrategy", "CollectiveCluster"}

@@ -5,6 +5,7 @@ Pass the single-worker classes as `cross_device_ops=` to
 `tf_crossdevice.MultiWorkerMirroredStrategy` on every worker.
 """
 
+from tf_crossdevice import cost_model
 from tf_crossdevice import testing
 from tf_crossdevice._collective_ops import CollectiveAllReduce
 from tf_crossdevice._hierarchical_collective_ops import (
@@ -35,6 +36,7 @@ __all__ = [
     "NcclAllReduce",
     "ReductionToOneDevice",
     "SpecAllReduce",
+    "cost_model",
     "enable_collectives",
     "select_cross_device_ops",
     "testing",

@@ -263,6 +263,24 @@ def recommendations(
     return out
 
 
+def repeats(rows: Sequence[Row]) -> list[tuple[str, str, str, float]]:
+    """Pairs of rows that measured the same thing in different groups
+    (same config, workload, devices and workers): the records' own noise,
+    a floor under any model's error. (candidate, group a, group b, a / b)
+    """
+    seen: dict[str, Row] = {}
+    out = []
+    for row in rows:
+        m = row.measurement
+        key = repr((m.config, m.gradients, m.devices_per_worker, m.num_workers))
+        if key in seen and seen[key].group != row.group:
+            first = seen[key]
+            ratio = first.measurement.seconds / m.seconds
+            out.append((row.candidate, first.group, row.group, ratio))
+        seen.setdefault(key, row)
+    return out
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g}"
 
@@ -288,6 +306,25 @@ def report(
         "candidate's net median step time in the benchmark records",
         "(confirmation rounds where it was re-timed).",
         "",
+        "## The model, and what it leaves out",
+        "",
+        "Per worker process: alpha per message and beta per byte on each",
+        "link (memory: logical devices of one process; network: between",
+        "workers), gamma per byte summed, delta per graph op, a launch",
+        "cost per collective across workers and a fixed cost per step.",
+        "Counts follow the builders (Thakur-Rabenseifner-Gropp: ring",
+        "`2(p-1)` messages, halving-doubling `2 log2 p` plus one fold",
+        "message each way when p is not a power of two, shuffle a gather",
+        "and a broadcast on the shard owners, two-level = inner + outer +",
+        "copies back; packing sets how many all-reduces run and how big).",
+        "A worker's devices share its CPU thread pool, so their costs add;",
+        "workers run in parallel, so a step costs the busiest worker's",
+        "time. Not modelled: link contention (the model makes recursive",
+        "halving-doubling never slower than a ring at a power of two),",
+        "overlap of independent packs, and core counts. Compression",
+        "(bf16/fp16: half the wire bytes, casts priced like sums) has no",
+        "measurements here yet, so its cast cost is an assumption.",
+        "",
         "## Constants (non-negative least squares on relative errors)",
         "",
         "| constant | value | meaning |",
@@ -301,6 +338,7 @@ def report(
         "gamma": "s per byte reduced (or cast)",
         "delta": "s per graph op",
         "alpha_collective": "s per collective all-reduce launched",
+        "step": "s per all-reduce step, whatever it does",
     }
     for name in cost_model.FIELDS:
         value = getattr(constants, name)
@@ -332,6 +370,26 @@ def report(
             f"{statistics.median(errors):.0%} | {worst:.2f} | "
             f"{out_within} | {out_error:.0%} |"
         )
+    pairs = repeats(rows)
+    if pairs:
+        spreads = [max(r, 1 / r) - 1 for *_, r in pairs]
+        lines += [
+            "",
+            "## The records' own noise",
+            "",
+            f"{len(pairs)} candidates were measured twice on the same "
+            "configuration (TF's MWMS keeps one replica per worker, so its "
+            "x1 and x2 groups time the same thing; small8 repeats rest's "
+            "8-device many_small). Two measurements of one thing differ by "
+            f"{statistics.median(spreads):.0%} (median) and up to "
+            f"{max(spreads):.0%}: a floor under any model's error, and a "
+            "large part of the 25% budget.",
+            "",
+            "| candidate | group a | group b | a / b |",
+            "| --- | --- | --- | --- |",
+        ]
+        for name, a, b, ratio in pairs:
+            lines.append(f"| {name} | {a} | {b} | {ratio:.2f} |")
     lines += [
         "",
         "## Every candidate",

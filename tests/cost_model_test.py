@@ -24,6 +24,7 @@ TRANSFERS_ONLY = cost_model.Constants(
     gamma=GAMMA,
     delta=0.0,
     alpha_collective=0.0,
+    step=0.0,
 )
 TRUE = cost_model.Constants(
     alpha_net=2e-4,
@@ -33,6 +34,7 @@ TRUE = cost_model.Constants(
     gamma=3e-10,
     delta=8e-7,
     alpha_collective=1e-3,
+    step=2e-3,
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -160,6 +161,24 @@ def test_two_level_runs_inner_per_worker_and_outer_across():
     assert both.mem_messages == inner.mem_messages + 3 == 9
 
 
+@pytest.mark.parametrize("name", cost_model.CONFIG_NAMES)
+@pytest.mark.parametrize("workers, devices", [(1, 1), (1, 4), (3, 2)])
+def test_every_class_is_priced_with_its_defaults(name, workers, devices):
+    multi = name == "MultiWorkerAllReduce"
+    kwargs = {"all_reduce_spec": "pscpu/xring"} if multi else {}
+    if name == "CollectiveAllReduce":
+        kwargs = {"num_workers": workers}
+    seconds = cost_model.predict(
+        (name, kwargs),
+        [((1000,), "float32"), ((7, 3), "float64"), ((5,), "int32")],
+        devices_per_worker=devices,
+        num_workers=workers,
+        constants=TRUE,
+    )
+    assert np.isfinite(seconds)
+    assert seconds >= TRUE.step
+
+
 def test_packing_reduces_messages():
     grads = [((256,), "float32")] * 100
     kwargs = dict(devices_per_worker=1, num_workers=16)
@@ -230,8 +249,8 @@ MULTI_WORKER_CONFIGS = (
 )
 
 
-def synthetic_measurements(constants, noise, seed=0):
-    rng = np.random.default_rng(seed)
+@functools.cache
+def _clean_measurements():
     rows = []
     for grads in (SMALL, LARGE):
         for config in SYNTHETIC_CONFIGS:
@@ -251,16 +270,24 @@ def synthetic_measurements(constants, noise, seed=0):
                 grads,
                 devices_per_worker=k,
                 num_workers=workers,
-                constants=constants,
-            )
-            * (1 + noise * rng.standard_normal()),
+                constants=TRUE,
+            ),
         )
         for config, grads, k, workers in rows
     ]
 
 
+def synthetic_measurements(noise, seed=0):
+    """Times from TRUE, each times (1 + noise * a standard normal)."""
+    rng = np.random.default_rng(seed)
+    return [
+        m._replace(seconds=m.seconds * (1 + noise * rng.standard_normal()))
+        for m in _clean_measurements()
+    ]
+
+
 def test_fit_recovers_known_constants_exactly_without_noise():
-    fitted = cost_model.fit(synthetic_measurements(TRUE, noise=0.0))
+    fitted = cost_model.fit(synthetic_measurements(noise=0.0))
     for name in cost_model.FIELDS:
         assert getattr(fitted, name) == pytest.approx(
             getattr(TRUE, name), rel=1e-6
@@ -268,7 +295,7 @@ def test_fit_recovers_known_constants_exactly_without_noise():
 
 
 def test_fit_recovers_known_constants_within_a_few_percent_with_noise():
-    rows = synthetic_measurements(TRUE, noise=0.01, seed=1)
+    rows = synthetic_measurements(noise=0.01, seed=1)
     fitted = cost_model.fit(rows)
     for name in cost_model.FIELDS:
         assert getattr(fitted, name) == pytest.approx(
@@ -291,7 +318,7 @@ def test_fit_recovers_known_constants_within_a_few_percent_with_noise():
 
 
 def test_fit_keeps_constants_non_negative():
-    rows = synthetic_measurements(TRUE, noise=0.3, seed=2)
+    rows = synthetic_measurements(noise=0.3, seed=2)
     fitted = cost_model.fit(rows)
     assert all(getattr(fitted, name) >= 0 for name in cost_model.FIELDS)
 

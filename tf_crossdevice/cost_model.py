@@ -510,6 +510,7 @@ def traffic_of(
                 )
         return _packed_traffic(tensors, kwargs, ranges, n, k, compression)
     if name in ("AllReduceCrossDeviceOps", "NcclAllReduce"):
+        kwargs = {**_PACKING, **kwargs}
         alg = kwargs.get("all_reduce_alg", "nccl")
         spec_lib.check_algorithm(alg, ALGORITHMS, "all_reduce_alg")
         ranges = (spec_lib.AllReduceSpecTuple(alg),)

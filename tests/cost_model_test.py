@@ -15,8 +15,11 @@ from tf_crossdevice._schedules import halving_doubling as hd
 from tf_crossdevice._schedules import ring as ring_schedule
 from tf_crossdevice._schedules import traffic
 
-# Only the transfer terms, so predictions are Thakur's formulas exactly.
+# Only the transfer terms, so predictions are Thakur's formulas exactly,
+# plus the graph builders' flattening: a pad and a concatenation of the
+# tensor on each device, priced like sums.
 ALPHA, BETA, GAMMA = 1e-5, 1e-9, 2e-10
+FLAT_COPIES = 2
 TRANSFERS_ONLY = cost_model.Constants(
     alpha_net=ALPHA,
     beta_net=BETA,
@@ -65,6 +68,7 @@ def test_ring_is_thakurs_formula(p):
         2 * (p - 1) * ALPHA
         + 2 * (p - 1) / p * n * BETA
         + (p - 1) / p * n * GAMMA
+        + FLAT_COPIES * n * GAMMA
     )
     assert predicted == pytest.approx(expected, rel=1e-12)
 
@@ -83,6 +87,7 @@ def test_halving_doubling_is_thakurs_formula_for_powers_of_two(p):
         2 * math.log2(p) * ALPHA
         + 2 * (p - 1) / p * n * BETA
         + (p - 1) / p * n * GAMMA
+        + FLAT_COPIES * n * GAMMA
     )
     assert predicted == pytest.approx(expected, rel=1e-12)
 
@@ -104,6 +109,7 @@ def test_halving_doubling_folds_extra_devices_in_and_out(p):
         (2 * math.log2(q) + 1) * ALPHA
         + (2 * (q - 1) / q + 1) * n * BETA
         + ((q - 1) / q + 1) * n * GAMMA
+        + FLAT_COPIES * n * GAMMA
     )
     assert predicted == pytest.approx(expected, rel=1e-12)
 

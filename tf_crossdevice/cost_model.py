@@ -16,13 +16,14 @@ Communication Operations in MPICH", 2005), per worker process:
 
     seconds = alpha_net * network messages + beta_net * network bytes
             + alpha_mem * memory messages  + beta_mem * memory bytes
-            + gamma * bytes reduced        + delta * graph ops
+            + gamma * (bytes reduced + bytes copied) + delta * graph ops
             + alpha_collective * collectives launched across workers
             + step
 
-where "memory" is a copy between logical devices of one process (and the
-copies packing makes) and "network" one between worker processes; `step`
-is a fixed cost per all-reduce step. The counts come from
+where "memory" is a transfer between logical devices of one process and
+"network" one between worker processes; "bytes copied" are the memcpys
+of packing and flattening (a concatenation, a pad); `step` is a fixed
+cost per all-reduce step. The counts come from
 `tf_crossdevice._schedules.traffic` and follow the builders:
 
 - ring ("xring", and the collectives' RING): `2(p-1)` messages,
@@ -111,9 +112,10 @@ class Constants:
         alpha_net: per message between worker processes.
         beta_net: per byte between worker processes.
         alpha_mem: per message between logical devices of one process.
-        beta_mem: per byte copied inside a process (device to device, and
-            packing's concatenations).
-        gamma: per byte reduced (summed or cast).
+        beta_mem: per byte sent between logical devices of one process
+            (TensorFlow shares the buffer, so it fits near 0).
+        gamma: per byte an elementwise pass touches: summed, cast, or
+            copied by a concatenation or pad (packing, flattening).
         delta: per graph op run.
         alpha_collective: per collective all-reduce launched across
             workers, once per pack and worker (TensorFlow's collective
@@ -138,8 +140,8 @@ class Constants:
             self.alpha_net * t.net_messages
             + self.beta_net * t.net_bytes
             + self.alpha_mem * t.mem_messages
-            + self.beta_mem * (t.mem_bytes + t.copy_bytes)
-            + self.gamma * t.reduce_bytes
+            + self.beta_mem * t.mem_bytes
+            + self.gamma * (t.reduce_bytes + t.copy_bytes)
             + self.delta * t.ops
             + self.alpha_collective * t.collectives
             + self.step
@@ -153,14 +155,14 @@ def features(t: Traffic) -> tuple[float, ...]:
     """The counts that multiply each of `Constants`' fields, in order.
 
     >>> features(Traffic(net_messages=2, copy_bytes=8, mem_bytes=1, ops=3))
-    (2, 0.0, 0.0, 9, 0.0, 3, 0.0, 1.0)
+    (2, 0.0, 0.0, 1, 8.0, 3, 0.0, 1.0)
     """
     return (
         t.net_messages,
         t.net_bytes,
         t.mem_messages,
-        t.mem_bytes + t.copy_bytes,
-        t.reduce_bytes,
+        t.mem_bytes,
+        t.reduce_bytes + t.copy_bytes,
         t.ops,
         t.collectives,
         1.0,
@@ -170,18 +172,17 @@ def features(t: Traffic) -> tuple[float, ...]:
 # Fitted by `python -m benchmarks.cost_fit docs/benchmark/*.json` on the
 # repository's benchmark records (commit 78fb01a: 10 groups, 140 candidates;
 # a 2-core CPU machine, logical CPU devices and loopback gRPC workers); see
-# docs/benchmark/cost_model.md for the fit's errors per group. gamma came
-# out 0: on these CPUs a sum is not separable from the copies around it,
-# which beta_mem prices. Other hardware needs its own `fit`.
+# docs/benchmark/cost_model.md for the fit's errors per group (120 of 140
+# candidates within 25%). Other hardware needs its own `fit`.
 DEFAULT_CONSTANTS = Constants(
     alpha_net=1.521e-04,
-    beta_net=4.886e-09,
-    alpha_mem=5.158e-06,
-    beta_mem=5.804e-11,
-    gamma=0.0,
-    delta=2.371e-07,
-    alpha_collective=5.274e-03,
-    step=2.146e-03,
+    beta_net=4.763e-09,
+    alpha_mem=5.229e-06,
+    beta_mem=1.034e-11,
+    gamma=7.521e-11,
+    delta=2.298e-07,
+    alpha_collective=5.293e-03,
+    step=2.111e-03,
 )
 
 
@@ -442,7 +443,11 @@ def _collective_traffic(
     hierarchical: bool,
     compression: str | None,
 ) -> Traffic:
-    """TensorFlow's RING collective per pack, around flatten/unflatten."""
+    """TensorFlow's RING collective per pack, around flatten/unflatten.
+
+    The ring is one kernel per device (no graph op per step); its CPU
+    RingReducer first copies the input into the output buffer (one copy).
+    """
     total = traffic.NONE
     workers = n // k
     for pack in packs:
@@ -452,13 +457,13 @@ def _collective_traffic(
             [float(tensors[i].num_bytes) for i in pack], 1, k
         )
         if hierarchical:
-            ring = traffic.ring(size, workers, 1, 1, 0, 1, 0)
+            ring = traffic.ring(size, workers, 1, 1, 0, 1, 1)
             local = traffic.one_device(size, k, k) if k > 1 else traffic.NONE
             launched = Traffic(collectives=1 if workers > 1 else 0)
             t = flat + local + ring + launched
         else:
             launched = Traffic(collectives=1 if workers > 1 else 0)
-            t = flat + traffic.ring(size, n, k, 1, 0, 1, 0) + launched
+            t = flat + traffic.ring(size, n, k, 1, 0, 1, 1) + launched
         if compression is not None and dtype in COMPRESSIBLE:
             # One cast per pack and device each way, not per message.
             ratio = 2 / ITEMSIZE[dtype]

@@ -209,3 +209,84 @@ def test_training_with_bf16_reaches_the_uncompressed_accuracy(cluster):
     assert abs(accuracy(bf16[0]) - accuracy(plain[0])) <= 0.02
     # Not the same run twice: bf16 moved the weights differently.
     assert not np.array_equal(plain[0][0], bf16[0][0])
+
+
+# ---- In one process: the group-size rule and the bytes on the wire --------
+
+
+def reduce_in_process(
+    ops, parts: list[np.ndarray], devices: int
+) -> tuple[np.ndarray, list[tuple[str, str, int]]]:
+    """The sum on device 0, and the collectives it ran: (op type, input
+    dtype, input bytes) per op of device 0."""
+    import tensorflow as tf
+
+    from tf_crossdevice import testing
+
+    names = [f"/cpu:{i}" for i in range(devices)]
+
+    @tf.function
+    def run(*tensors):
+        value = testing.per_replica(list(tensors), names)
+        return ops.reduce("sum", value, names).values[0]
+
+    tensors = [tf.constant(p) for p in parts]
+    graph = run.get_concrete_function(*tensors).graph
+    collectives = [
+        (
+            op.type,
+            op.inputs[0].dtype.name,
+            op.inputs[0].shape.num_elements() * op.inputs[0].dtype.size,
+        )
+        for op in graph.get_operations()
+        if op.type.startswith("Collective") and op.device.endswith("CPU:0")
+    ]
+    return run(*tensors).numpy(), collectives
+
+
+@pytest.mark.parametrize("compression", ["bf16", "fp16"])
+@pytest.mark.parametrize("members", [2, 3])
+def test_groups_of_2_and_3_gather_half_the_bytes(compression, members):
+    import tf_crossdevice
+
+    rng = np.random.default_rng(members)
+    # Beyond half's range: fp16's scale must keep them finite.
+    parts = [(rng.normal(size=40) * 1e6).astype(np.float32)] * members
+    parts = [p * (g + 1) for g, p in enumerate(parts)]
+    ops = tf_crossdevice.CollectiveAllReduce(compression=compression)
+    got, collectives = reduce_in_process(ops, parts, members)
+    # One all-gather of 16-bit words: 80 bytes, plus fp16's float32 scale.
+    scale = 4 if compression == "fp16" else 0
+    assert collectives == [("CollectiveGatherV2", "float16", 80 + scale)]
+    exact = np.sum(np.array(parts, np.float64), axis=0)
+    bound = codec_bound(parts, compression) + SUM_ROUNDOFF["float32"] * (
+        np.sum(np.abs(np.array(parts, np.float64)), axis=0)
+    )
+    assert np.all(np.abs(got - exact) <= bound)
+    assert not np.allclose(got, exact, rtol=1e-6, atol=0)
+
+
+def test_group_of_4_all_reduces_uncompressed():
+    import tf_crossdevice
+
+    rng = np.random.default_rng(4)
+    parts = [(rng.normal(size=40) * 1e6).astype(np.float32) for _ in range(4)]
+    ops = tf_crossdevice.CollectiveAllReduce(compression="bf16")
+    got, collectives = reduce_in_process(ops, parts, 4)
+    assert collectives == [("CollectiveReduceV2", "float32", 160)]
+    array = np.array(parts, np.float64)
+    bound = SUM_ROUNDOFF["float32"] * np.sum(np.abs(array), axis=0)
+    assert np.all(np.abs(got - np.sum(array, axis=0)) <= bound)
+
+
+@pytest.mark.parametrize(
+    "cls", ["CollectiveAllReduce", "HierarchicalCollectiveAllReduce"]
+)
+def test_unknown_compression_is_refused_by_name(cls):
+    import tf_crossdevice
+
+    make = getattr(tf_crossdevice, cls)
+    with pytest.raises(ValueError, match=r"compression: .*'fp8'.*'bf16'"):
+        make(compression="fp8")
+    assert make(compression="bf16").compression == "bf16"
+    assert make().compression is None

@@ -22,10 +22,11 @@ computed here with numpy from the same inputs:
 
 The workers are stopped when the results are in, also on failure.
 
-In the test process itself (8 logical CPUs, one worker): the ops a
-compressed reduce traces (groups of 2 and 3 members: one float16
-all-gather of half the bytes, plus fp16's 4-byte scale; 4 members: one
-float32 all-reduce) and the constructors' check of `compression`.
+In the test process itself (8 logical CPUs, one worker): the ops the
+compressed launch traces for groups of 2 and 3 members (one float16
+all-gather of half the bytes, plus fp16's 4-byte scale), the group-size
+rule against the byte counts, one worker reducing exactly (nothing
+crosses a worker boundary) and the constructors' check of `compression`.
 """
 
 from __future__ import annotations
@@ -217,28 +218,12 @@ def test_training_with_bf16_reaches_the_uncompressed_accuracy(cluster):
     assert not np.array_equal(plain[0][0], bf16[0][0])
 
 
-# ---- In one process: the group-size rule and the bytes on the wire --------
+# ---- In one process: the ops traced, the group-size rule --------------
 
 
-def reduce_in_process(
-    ops, parts: list[np.ndarray], devices: int
-) -> tuple[np.ndarray, list[tuple[str, str, int]]]:
-    """The sum on device 0, and the collectives it ran: (op type, input
-    dtype, input bytes) per op of device 0."""
-    import tensorflow as tf
-
-    from tf_crossdevice import testing
-
-    names = [f"/cpu:{i}" for i in range(devices)]
-
-    @tf.function
-    def run(*tensors):
-        value = testing.per_replica(list(tensors), names)
-        return ops.reduce("sum", value, names).values[0]
-
-    tensors = [tf.constant(p) for p in parts]
-    graph = run.get_concrete_function(*tensors).graph
-    collectives = [
+def collectives_of(graph) -> list[tuple[str, str, int]]:
+    """(op type, input dtype, input bytes) of each collective on CPU:0."""
+    return [
         (
             op.type,
             op.inputs[0].dtype.name,
@@ -247,42 +232,95 @@ def reduce_in_process(
         for op in graph.get_operations()
         if op.type.startswith("Collective") and op.device.endswith("CPU:0")
     ]
-    return run(*tensors).numpy(), collectives
 
 
 @pytest.mark.parametrize("compression", ["bf16", "fp16"])
 @pytest.mark.parametrize("members", [2, 3])
-def test_groups_of_2_and_3_gather_half_the_bytes(compression, members):
-    import tf_crossdevice
+def test_compressed_all_reduce_gathers_half_the_bytes(compression, members):
+    """The group's launch code on local devices (as it runs on members of
+    different workers): one float16 all-gather of half the bytes, plus
+    fp16's float32 scale; the sum within the codec's bound."""
+    import tensorflow as tf
+
+    from tf_crossdevice import _collective_base, _collective_launch
 
     rng = np.random.default_rng(members)
     # Beyond half's range: fp16's scale must keep them finite.
-    parts = [(rng.normal(size=40) * 1e6).astype(np.float32)] * members
-    parts = [p * (g + 1) for g, p in enumerate(parts)]
-    ops = tf_crossdevice.CollectiveAllReduce(compression=compression)
-    got, collectives = reduce_in_process(ops, parts, members)
-    # One all-gather of 16-bit words: 80 bytes, plus fp16's float32 scale.
+    parts = [
+        (rng.normal(size=40) * 1e6 * (g + 1)).astype(np.float32)
+        for g in range(members)
+    ]
+    devices = [
+        f"/job:localhost/replica:0/task:0/device:CPU:{i}"
+        for i in range(members)
+    ]
+    group = _collective_launch.Group(
+        _collective_base.shared_collective_keys(), devices, members, "test"
+    )
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=60
+    )
+
+    @tf.function
+    def run(*tensors):
+        out = []
+        for i, t in enumerate(tensors):
+            with tf.device(devices[i]):
+                out.append(
+                    group.all_reduce_compressed(
+                        i, tf.identity(t), compression, options
+                    )
+                )
+        return out
+
+    tensors = [tf.constant(p) for p in parts]
+    graph = run.get_concrete_function(*tensors).graph
     scale = 4 if compression == "fp16" else 0
-    assert collectives == [("CollectiveGatherV2", "float16", 80 + scale)]
+    assert collectives_of(graph) == [
+        ("CollectiveGatherV2", "float16", 80 + scale)
+    ]
+    got = [t.numpy() for t in run(*tensors)]
+    for g in got[1:]:
+        np.testing.assert_array_equal(g, got[0])
     exact = np.sum(np.array(parts, np.float64), axis=0)
     bound = codec_bound(parts, compression) + SUM_ROUNDOFF["float32"] * (
         np.sum(np.abs(np.array(parts, np.float64)), axis=0)
     )
-    assert np.all(np.abs(got - exact) <= bound)
-    assert not np.allclose(got, exact, rtol=1e-6, atol=0)
+    assert np.all(np.abs(got[0] - exact) <= bound)
+    assert not np.allclose(got[0], exact, rtol=1e-6, atol=0)
 
 
-def test_group_of_4_all_reduces_uncompressed():
+def test_gather_pays_for_2_and_3_members_only():
+    from tf_crossdevice._collective_launch import gather_compression_pays
+
+    # Bytes per member: gather (p-1)/2 * S, ring 2(p-1)/p * S.
+    for p in range(2, 9):
+        fewer = (p - 1) / 2 < 2 * (p - 1) / p
+        assert gather_compression_pays(p) == fewer, p
+
+
+def test_one_worker_reduces_exactly_whatever_the_compression():
+    import tensorflow as tf
+
     import tf_crossdevice
+    from tf_crossdevice import testing
 
-    rng = np.random.default_rng(4)
-    parts = [(rng.normal(size=40) * 1e6).astype(np.float32) for _ in range(4)]
+    rng = np.random.default_rng(3)
+    parts = [(rng.normal(size=40) * 1e6).astype(np.float32) for _ in range(3)]
+    names = [f"/cpu:{i}" for i in range(3)]
     ops = tf_crossdevice.CollectiveAllReduce(compression="bf16")
-    got, collectives = reduce_in_process(ops, parts, 4)
-    assert collectives == [("CollectiveReduceV2", "float32", 160)]
+
+    @tf.function
+    def run(*tensors):
+        value = testing.per_replica(list(tensors), names)
+        return ops.reduce("sum", value, names).values[0]
+
+    tensors = [tf.constant(p) for p in parts]
+    graph = run.get_concrete_function(*tensors).graph
+    assert collectives_of(graph) == [("CollectiveReduceV2", "float32", 160)]
     array = np.array(parts, np.float64)
     bound = SUM_ROUNDOFF["float32"] * np.sum(np.abs(array), axis=0)
-    assert np.all(np.abs(got - np.sum(array, axis=0)) <= bound)
+    assert np.all(np.abs(run(*tensors).numpy() - array.sum(axis=0)) <= bound)
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,8 @@ order (so every member gets the same bits). Per member that moves
 (p-1)·S/2 bytes for S bytes of float32 where TensorFlow's ring moves
 2(p-1)/p·S: fewer for groups of p <= 3 members, as many at 4, more beyond.
 Larger groups run the uncompressed all-reduce (exact), logged once per
-group: `gather_compression_pays`.
+group: `gather_compression_pays`. A group of one worker's devices alone
+is never compressed: nothing crosses a worker boundary.
 """
 
 from __future__ import annotations
@@ -139,12 +140,16 @@ class Group:
 
         With `compression` set, a float32 or float64 `tensor` crosses in 16
         bits and is summed in its own dtype (`all_reduce_compressed`), when
-        the group is small enough for that to move fewer bytes
-        (`gather_compression_pays`); otherwise, and for other dtypes, it
-        is all-reduced exactly.
+        the group spans several workers and is small enough for that to
+        move fewer bytes (`gather_compression_pays`); otherwise, and for
+        other dtypes, it is all-reduced exactly.
         """
-        if compression is not None and codec.compresses(
-            tensor.dtype, compression
+        # A group of this process's devices alone crosses no worker
+        # boundary: nothing to save, so nothing is rounded.
+        if (
+            compression is not None
+            and codec.compresses(tensor.dtype, compression)
+            and self.size > len(self.devices)
         ):
             if gather_compression_pays(self.size):
                 return self.all_reduce_compressed(

@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from tf_crossdevice import _base, _checks, _tf_internal, collective_runtime
 from tf_crossdevice._base import Item, ReduceOp, Value
+from tf_crossdevice._builders import compression as codec
 from tf_crossdevice._collective_launch import Group, Options
 from tf_crossdevice._schedules import collective_packing
 
@@ -60,10 +61,15 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
     """
 
     def __init__(
-        self, num_workers: int, options: Any, collective_keys: Any
+        self,
+        num_workers: int,
+        options: Any,
+        collective_keys: Any,
+        compression: str | None = None,
     ) -> None:
         super().__init__()
         self._num_workers = _checks.positive_int(num_workers, "num_workers")
+        self._compression = codec.check_compression(compression)
         self._options = _base.check_options(options)
         if collective_keys is not None and not _tf_internal.is_collective_keys(
             collective_keys
@@ -79,6 +85,11 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         self._strategy_options = _base.check_options(None)
         self._bound = False
         self._groups: dict[tuple[Any, ...], Group] = {}
+
+    @property
+    def compression(self) -> str | None:
+        """Wire compression of float32/float64 sums: None, "bf16" or "fp16"."""
+        return self._compression
 
     # ---- Binding to a strategy ------------------------------------------
 

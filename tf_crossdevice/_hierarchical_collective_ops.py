@@ -65,12 +65,28 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
             every value of one dtype into one pack, TensorFlow's choice.
             `timeout_seconds` and `implementation` as for
             `CollectiveAllReduce`; a call's own `options` override these.
+        compression: None (default), "bf16" or "fp16": the collective
+            between workers carries float32 and float64 packs as 16 bits
+            and sums them in their own dtype, as `CollectiveAllReduce`'s
+            `compression` does, with one member per worker (so it applies
+            up to 3 workers; more reduce uncompressed, logged once). The
+            reduce inside a worker and the copies to its other devices are
+            not compressed.
+
+    >>> ops = tf_crossdevice.HierarchicalCollectiveAllReduce(
+    ...     tf_crossdevice.ReductionToOneDevice(), compression="fp16")
+    >>> ops.compression
+    'fp16'
     """
 
     def __init__(
-        self, local_cross_device_ops: Any = None, *, options: Any = None
+        self,
+        local_cross_device_ops: Any = None,
+        *,
+        options: Any = None,
+        compression: str | None = None,
     ) -> None:
-        super().__init__(1, options, None)
+        super().__init__(1, options, None, compression)
         if local_cross_device_ops is not None and not isinstance(
             local_cross_device_ops, tf.distribute.CrossDeviceOps
         ):
@@ -119,7 +135,7 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
                     flat.append(flatten_pack([batch[k][d] for k in keys]))
             local = self._local_sum(flat, devices)
             with tf.device(first):
-                total = workers.all_reduce(0, local, options)
+                total = workers.all_reduce(0, local, options, self._compression)
             for d, device in enumerate(devices):
                 with tf.device(device):
                     pieces = unflatten_pack(

@@ -20,4 +20,4 @@ echo "== mypy (public API typed; config in mypy.ini)"
 echo "== bazel test //... (offline; .bazelrc)"
 PYTHON="$PWD/.venv/bin/python" bash scripts/bazel_test.sh
 echo "== pytest (every test, slow ones included, and every doctest)"
-.venv/bin/python -m pytest -n 2 --durations=10
+.venv/bin/python -m pytest -n 2 --dist loadgroup --durations=10

@@ -4,10 +4,11 @@ The slow test runs `python -m benchmarks --quick` from the checkout in its
 own process (it needs its own logical devices and worker processes), on
 smaller stand-ins than --quick's own (QUICKER: every group, family and
 kind of candidate still runs, on fewer and smaller tensors and fewer
-rounds, to keep the suite's time), and checks the table, the JSON read back into records (every figure, every
-result verified against numpy before it was timed) and the PNG. The fast
-tests check that the figures follow from the samples, the records survive
-JSON, and the candidate lists are the issue's.
+rounds, to keep the suite's time), and checks the table, the JSON read
+back into records (every figure, every result verified against numpy
+before it was timed) and the PNG. The fast tests check that the figures
+follow from the samples, the records survive JSON, and the candidate lists
+are the issue's.
 """
 
 from __future__ import annotations

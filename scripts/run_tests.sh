@@ -20,4 +20,6 @@ echo "== mypy (public API typed; config in mypy.ini)"
 echo "== bazel test //... (offline; .bazelrc)"
 PYTHON="$PWD/.venv/bin/python" bash scripts/bazel_test.sh
 echo "== pytest (every test, slow ones included, and every doctest)"
+# loadgroup: conftest.py keeps tests sharing a module-scoped setup on one
+# worker and schedules every other test on its own.
 .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=10

@@ -42,7 +42,7 @@ def _doctest_namespace(doctest_namespace):
 GROUPS_DIR = "TF_CROSSDEVICE_XDIST_GROUPS"
 
 
-def pytest_configure(config):
+def pytest_configure(config: pytest.Config) -> None:
     if (
         not hasattr(config, "workerinput")
         and config.getoption("dist", None) == "loadgroup"
@@ -50,13 +50,15 @@ def pytest_configure(config):
         os.environ[GROUPS_DIR] = tempfile.mkdtemp(prefix="xdist_groups_")
 
 
-def pytest_unconfigure(config):
+def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and GROUPS_DIR in os.environ:
         shutil.rmtree(os.environ.pop(GROUPS_DIR), ignore_errors=True)
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
     workerinput = getattr(config, "workerinput", None)
     folder = os.environ.get(GROUPS_DIR)
     if workerinput is None or not folder:
@@ -74,7 +76,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_xdist_make_scheduler(config, log):
     if GROUPS_DIR not in os.environ:
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class SharedSetupScheduling(LoadScopeScheduling):
         """Work units: each group of tests sharing a setup, each other test."""
@@ -92,11 +94,11 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedSetupScheduling(config, log)
 
 
-def shared_setups(item) -> list[str]:
+def shared_setups(item: pytest.Item) -> list[str]:
     """The item's module/class/session-scoped fixtures of this repository,
     each with the parameter it runs with (module:fixture[index])."""
     info = getattr(item, "_fixtureinfo", None)
-    if info is None:  # doctests
+    if info is None:  # an item with no fixtures
         return []
     callspec = getattr(item, "callspec", None)
     indices = callspec.indices if callspec else {}
@@ -115,7 +117,7 @@ def shared_setups(item) -> list[str]:
     return [f"{item.path.name}:{name}{params}" for name in names]
 
 
-def shared_setup_groups(items) -> list[str | None]:
+def shared_setup_groups(items: list[pytest.Item]) -> list[str | None]:
     """Per item, the name of its group (None when it shares no setup):
     items are in one group when they share a setup, directly or not."""
     parent: dict[str, str] = {}

@@ -45,9 +45,11 @@ from train_flags import class_of, cluster_of, has_gpus, task_of  # noqa: E402
 
 
 def total_steps(v: Any, num_train: int) -> int:
-    if v.epochs:
-        return max(1, v.epochs * num_train // v.batch_size)
-    return v.steps
+    """--steps, or --epochs in steps rounded up to whole progress lines."""
+    if not v.epochs:
+        return v.steps
+    steps = -(-v.epochs * num_train // v.batch_size)
+    return -(-steps // v.log_every) * v.log_every
 
 
 def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
@@ -72,7 +74,8 @@ def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
         return tf_crossdevice.ReductionToOneDevice()
     if name in ("NcclAllReduce", "HierarchicalCopyAllReduce"):
         cls = getattr(tf_crossdevice, name)
-        return cls(**({"num_packs": v.num_packs} if v.num_packs else {}))
+        packs = {} if v.num_packs is None else {"num_packs": v.num_packs}
+        return cls(**packs)
     if name == "AllReduceCrossDeviceOps":
         return tf_crossdevice.AllReduceCrossDeviceOps(
             v.all_reduce_spec or "hierarchical_copy", **packing

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -48,7 +49,7 @@ class Data:
     image_size: int
     num_classes: int
     num_train: int
-    example: object
+    example: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
     eval_images: np.ndarray
     eval_labels: np.ndarray
     description: str

@@ -13,10 +13,10 @@ line and at the end, and resume from the latest one in the model folder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
-import time
 from typing import Any
 
 import keras
@@ -158,6 +158,8 @@ def train_with_strategy(
     reporter.write_eval(config.steps, eval_accuracy)
     if not is_chief:
         shutil.rmtree(save_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # The last worker's to go.
+            os.rmdir(os.path.dirname(save_dir))
     return train_report.summary(
         reporter,
         eval_accuracy,
@@ -423,7 +425,3 @@ def _at(value: Any, replica: int) -> Any:
     if isinstance(value, tf.distribute.DistributedValues):
         return value.values[replica]
     return value
-
-
-def elapsed_since(start: float) -> str:
-    return f"{time.perf_counter() - start:.1f} s"

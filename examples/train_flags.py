@@ -373,6 +373,13 @@ def check_flags(v: dict[str, Any]) -> None:
         )
     cluster, source = cluster_of(v)
     job, index = task_of(v)
+    if job is None and (v["worker_hosts"] or v["cluster_spec"]):
+        given = "--worker_hosts" if v["worker_hosts"] else "--cluster_spec"
+        raise flags.ValidationError(
+            f"{given}: a cluster of hosts needs --job_name (and "
+            "--task_index) on each of them; without --job_name the job "
+            "starts its own local workers"
+        )
     if job in ("worker", "chief") and mode != "mirrored":
         if cluster is None:
             raise flags.ValidationError(

@@ -93,13 +93,28 @@ def test_the_defaults_are_the_main_job():
             r"expected one of worker, chief",
         ),
         (
-            {"worker_hosts": ["a:1"], "cluster_spec": '{"worker": ["a:1"]}'},
+            {
+                "job_name": "worker",
+                "worker_hosts": ["a:1"],
+                "cluster_spec": '{"worker": ["a:1"]}',
+            },
             r"--worker_hosts: give the cluster once",
         ),
-        ({"cluster_spec": "{worker"}, r"--cluster_spec: not JSON"),
         (
-            {"cluster_spec": '["a:1"]'},
+            {"job_name": "worker", "cluster_spec": "{worker"},
+            r"--cluster_spec: not JSON",
+        ),
+        (
+            {"job_name": "worker", "cluster_spec": '["a:1"]'},
             r"--cluster_spec: expected a JSON object",
+        ),
+        (
+            {"worker_hosts": ["a:1", "b:1"]},
+            r"--worker_hosts: a cluster of hosts needs --job_name",
+        ),
+        (
+            {"mode": "mirrored", "cluster_spec": '{"worker": ["a:1"]}'},
+            r"--cluster_spec: a cluster of hosts needs --job_name",
         ),
         (
             {"job_name": "worker", "task_index": 0},
@@ -182,7 +197,12 @@ def test_the_defaults_are_the_main_job():
             r"2 devices_per_worker\); use a multiple of 4",
         ),
         (
-            {"batch_size": 32, "worker_hosts": ["a:1", "b:1", "c:1"]},
+            {
+                "batch_size": 32,
+                "job_name": "worker",
+                "task_index": 0,
+                "worker_hosts": ["a:1", "b:1", "c:1"],
+            },
             r"--batch_size: 32 does not split over 6 replicas \(3 workers",
         ),
         (

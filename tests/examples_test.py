@@ -165,15 +165,19 @@ def test_killed_job_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
         "--steps=300",
         "--log_every=10",
     ]
-    whole = run(*args, f"--model_dir={tmp_path / 'whole'}")
-    assert "3 classes" in whole
-    assert "replica weights equal: yes (2 replicas)" in whole
-
     model_dir = f"--model_dir={tmp_path / 'killed'}"
-    with start(*args, model_dir) as job:
+    # Side by side: the uninterrupted run, and one killed after a checkpoint.
+    with (
+        start(*args, f"--model_dir={tmp_path / 'whole'}") as uninterrupted,
+        start(*args, model_dir) as job,
+    ):
         while "checkpoint saved at step" not in job.read_line(TIMEOUT):
             pass
         job.kill()
+        whole = "\n".join(uninterrupted.read_all(TIMEOUT))
+        assert_no_error_lines(uninterrupted.stderr_text())
+    assert "3 classes" in whole
+    assert "replica weights equal: yes (2 replicas)" in whole
     resumed = run(*args, model_dir)
     step = int(re.search(r"resumed from step (\d+)", resumed)[1])
     assert 10 <= step < 300, step

@@ -343,7 +343,7 @@ def main(argv: list[str]) -> int:
     if not v.model_dir:
         v.model_dir = tempfile.mkdtemp(prefix="tf_crossdevice_train_")
     job, _ = task_of(v.flag_values_dict())
-    if job is None and v.mode != "mirrored":
+    if job is None:
         print(
             f"model_dir: {v.model_dir} (tensorboard --logdir={v.model_dir})",
             flush=True,

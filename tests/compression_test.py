@@ -399,3 +399,30 @@ def test_classes_reduce_in_one_worker_exactly_as_uncompressed():
         )
         got = [v.numpy().tolist() for v in ops.reduce("sum", value).values]
         assert got == [[4.0 + 2.0**-12, 6.0]] * 2
+
+
+def test_benchmark_compression_targets_compare_bf16_with_its_twin():
+    from benchmarks import records, targets
+
+    group = records.Group("multi_worker", "resnet50", "", 2, 1, 8, 2, "float32")
+    mw = "ours MultiWorkerAllReduce xring num_packs=1"
+
+    def entry(name, family, seconds):
+        return records.entry_of(name, family, "base", [seconds] * 3)
+
+    records.add_results(
+        group,
+        [
+            records.entry_of("base", "baseline", None, [1.0] * 3),
+            records.entry_of("roof", "roofline", None, [0.8] * 3),
+            entry("TF MWMS default", "tf", 9.0),
+            entry(mw, "ours", 5.0),
+            entry(mw + " compression=bf16", "ours", 3.0),
+            entry(mw + " compression=fp16", "ours", 4.0),
+        ],
+    )
+    by_name = {t.name.split(": ", 1)[1]: t for t in targets.evaluate([group])}
+    twin = by_name["bf16 vs the same uncompressed"]
+    assert twin.measured == pytest.approx(4.0 / 2.0) and twin.met
+    roof = by_name["ours best / TCP loopback roofline"]
+    assert roof.measured == pytest.approx(0.8 / 2.0) and not roof.met

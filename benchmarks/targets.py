@@ -56,7 +56,22 @@ def references(group: Group) -> list[str]:
     if group.setting == "multi_worker":
         best = map(group.best_among, (MWMS, HIERARCHICAL, FLAT))
         out += [name for name in best if name]
+        out += _bf16_and_twin(group)
     return out
+
+
+def _bf16_and_twin(group: Group) -> list[str]:
+    """The fastest bf16 candidate and the same one uncompressed (#15)."""
+    timed = [
+        (r.time_seconds, r.name)
+        for r in group.results
+        if r.family == "ours" and r.name.endswith(BF16) and r.ok
+        if r.time_seconds
+    ]
+    if not timed:
+        return []
+    bf16 = min(timed)[1]
+    return [bf16, bf16.removesuffix(BF16)]
 
 
 def _ms(seconds: float | None) -> str:

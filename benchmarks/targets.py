@@ -32,6 +32,13 @@ HIERARCHICAL = "ours HierarchicalCollectiveAllReduce"
 FLAT = "ours CollectiveAllReduce"
 MWMS = "TF MWMS"
 LOCAL_TARGETS = {("resnet50", 2, 2): [(HIERARCHICAL, 1.5)]}
+# Issue #15: wire compression across worker processes (one device each).
+# workload -> (workers counted, the fastest bf16 candidate over the same
+# configuration uncompressed), and (workers, ours best as a fraction of the
+# TCP loopback roofline).
+BF16 = " compression=bf16"
+COMPRESSION_TARGETS = {"resnet50": ((2, 3), 1.6)}
+LOOPBACK_TARGETS = {"resnet50": (2, 0.5)}
 # The entries the confirmation rounds re-time besides each family's best.
 REFERENCES = tuple(
     name
@@ -49,7 +56,22 @@ def references(group: Group) -> list[str]:
     if group.setting == "multi_worker":
         best = map(group.best_among, (MWMS, HIERARCHICAL, FLAT))
         out += [name for name in best if name]
+        out += _bf16_and_twin(group)
     return out
+
+
+def _bf16_and_twin(group: Group) -> list[str]:
+    """The fastest bf16 candidate and the same one uncompressed (#15)."""
+    timed = [
+        (r.time_seconds, r.name)
+        for r in group.results
+        if r.family == "ours" and r.name.endswith(BF16) and r.ok
+        if r.time_seconds
+    ]
+    if not timed:
+        return []
+    bf16 = min(timed)[1]
+    return [bf16, bf16.removesuffix(BF16)]
 
 
 def _ms(seconds: float | None) -> str:
@@ -72,6 +94,8 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
                 for ours, threshold in LOCAL_TARGETS.get(key, [])
             ]
             continue
+        if g.setting == "multi_worker" and not stand_in:
+            out += _compression_targets(g, base)
         goals = TARGETS.get((base, g.setting), [])
         if base == "resnet50" and g.num_replicas != 4 and not stand_in:
             goals = []  # single process: the 4-device group counts
@@ -137,6 +161,38 @@ def _local_target(
     if stand_in:
         note = f"measured on a stand-in (smaller) workload; {note}"
     return Target(name, measured, threshold, met, stand_in, note)
+
+
+def _compression_targets(g: Group, base: str) -> list[Target]:
+    """Issue #15's targets for one multi-worker group (one device each)."""
+    out = []
+    workers, threshold = COMPRESSION_TARGETS.get(base, ((), 0.0))
+    timed = [
+        (g.time(r.name), r.name)
+        for r in g.results
+        if r.family == "ours" and r.name.endswith(BF16) and g.time(r.name)
+    ]
+    if g.num_replicas in workers and timed:
+        bf16_time, bf16 = min(timed)  # type: ignore[type-var]
+        plain = bf16.removesuffix(BF16)
+        plain_time = g.time(plain)
+        measured = ratio(plain_time, bf16_time)
+        met = measured is not None and measured >= threshold
+        note = (
+            f"{bf16} {_ms(bf16_time)}, uncompressed {_ms(plain_time)}; "
+            f"roofline {_ms(g.time(g.roofline))} ({g.roofline})"
+        )
+        name = f"{g.workload}, {g.scope}: bf16 vs the same uncompressed"
+        out.append(Target(name, measured, threshold, met, False, note))
+    roof_workers, fraction = LOOPBACK_TARGETS.get(base, (0, 0.0))
+    if g.num_replicas == roof_workers:
+        ours, roof = g.time(g.ours_best), g.time(g.roofline)
+        measured = ratio(roof, ours)
+        met = measured is not None and measured >= fraction
+        note = f"ours best {_ms(ours)} ({g.ours_best}), roofline {_ms(roof)}"
+        name = f"{g.workload}, {g.scope}: ours best / TCP loopback roofline"
+        out.append(Target(name, measured, fraction, met, False, note))
+    return out
 
 
 def line(target: Target) -> str:

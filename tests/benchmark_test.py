@@ -307,8 +307,10 @@ def test_full_run_candidates_cover_the_issue_list():
         "TF MWMS RING bytes_per_pack=4MiB",
         "TF MWMS RING bytes_per_pack=32MiB",
     ]
+    # Each setting uncompressed, then with bf16, then with fp16 (#15).
     assert mw[5:] == [
-        f"ours MultiWorkerAllReduce {spec}{p}"
+        f"ours MultiWorkerAllReduce {spec}{p}{codec}"
+        for codec in ("", " compression=bf16", " compression=fp16")
         for spec in ("('pscpu/pscpu', 2, -1)", "pscpu", "xring", "rechd")
         for p in packings
     ]

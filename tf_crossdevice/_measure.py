@@ -351,6 +351,7 @@ class Prepared:
         build_seconds: tracing, first runs and the check.
         search_seconds: for an entry chosen by a search (autotune), how
             long the search took, before the build.
+        chosen: for such an entry, what the search chose.
     """
 
     verified: bool | None
@@ -358,6 +359,7 @@ class Prepared:
     seconds_per_call: float
     build_seconds: float
     search_seconds: float | None = None
+    chosen: str | None = None
 
 
 def prepare(
@@ -478,7 +480,7 @@ class Timing:
         samples: seconds per call, one per round, in round order.
         median_seconds, q25_seconds, q75_seconds: of the samples (None
             without samples).
-        search_seconds: see `Prepared`.
+        search_seconds, chosen: see `Prepared`.
     """
 
     name: str
@@ -491,6 +493,7 @@ class Timing:
     q25_seconds: float | None
     q75_seconds: float | None
     search_seconds: float | None = None
+    chosen: str | None = None
 
     @classmethod
     def of(
@@ -524,6 +527,7 @@ class Timing:
             q25_seconds=q25,
             q75_seconds=q75,
             search_seconds=prepared.search_seconds,
+            chosen=prepared.chosen,
         )
 
 

@@ -201,6 +201,11 @@ def normalize_gradients(gradients: Any) -> GradientList:
 def _entry(value: Any, argument: str) -> tuple[tuple[int, ...], str]:
     if isinstance(value, (tuple, list)) and len(value) == 2:
         shape, dtype = value
+        if isinstance(dtype, int):  # tf.as_dtype would read an enum value
+            raise TypeError(
+                f"{argument}: expected a dtype such as 'float32' second, got "
+                f"{dtype!r}; a gradient is a (shape, dtype) pair"
+            )
     elif hasattr(value, "shape") and hasattr(value, "dtype"):
         shape, dtype = value.shape, value.dtype
     else:
@@ -381,7 +386,23 @@ def candidates(topology: Topology, gradients: GradientList) -> list[Config]:
 
 
 def _spec(alg: str, packing: dict[str, int]) -> dict[str, Any]:
-    return {"all_reduce_spec": alg, "num_packs": 0} | packing
+    """kwargs of a spec class; 'alg#n' becomes the tuple (alg, n, -1)."""
+    name, _, shards = alg.partition("#")
+    spec: Any = (name, int(shards), -1) if shards else name
+    return {"all_reduce_spec": spec, "num_packs": 0} | packing
+
+
+def _from_json(config: Any) -> Config:
+    """A configuration read from JSON: its spec's lists become tuples."""
+    name, kwargs = config[0], dict(config[1])
+    spec = kwargs.get("all_reduce_spec")
+    if isinstance(spec, list):
+        kwargs["all_reduce_spec"] = (
+            [tuple(r) for r in spec]
+            if spec and isinstance(spec[0], list)
+            else tuple(spec)
+        )
+    return name, kwargs
 
 
 def _changes_something(config: Config, gradients: GradientList) -> bool:
@@ -409,7 +430,9 @@ def label(config: Config) -> str:
     name, kwargs = config
     parts = [name]
     spec = kwargs.get("all_reduce_spec")
-    if spec is not None:
+    if isinstance(spec, (tuple, list)) and len(spec) == 3 and spec[2] == -1:
+        parts.append(f"{spec[0]}#{spec[1]}")
+    elif spec is not None:
         parts.append(spec if isinstance(spec, str) else json.dumps(spec))
     if kwargs.get("num_packs"):
         parts.append(f"num_packs={kwargs['num_packs']}")
@@ -508,19 +531,12 @@ def make_ops(config: Any, topology: Topology) -> tf.distribute.CrossDeviceOps:
         raise TypeError(
             f"config: expected (class name, kwargs dict), got {config!r:.120}"
         )
-    name, kwargs = config[0], dict(config[1])
+    name, kwargs = _from_json(config)
     cls = classes.get(name)
     if cls is None:
         raise ValueError(
             f"config: unknown class {name!r}; expected one of "
             f"{', '.join(sorted(classes))}"
-        )
-    spec = kwargs.get("all_reduce_spec")
-    if isinstance(spec, list):  # JSON has no tuples
-        kwargs["all_reduce_spec"] = (
-            [tuple(r) for r in spec]
-            if spec and isinstance(spec[0], list)
-            else tuple(spec)
         )
     if isinstance(kwargs.get("options"), dict):
         kwargs["options"] = tf.distribute.experimental.CommunicationOptions(
@@ -591,7 +607,7 @@ def read_cache(path: pathlib.Path, topology: Topology) -> dict[str, Any] | None:
         entry = json.loads(text)
         if entry.get("format") != CACHE_FORMAT:
             raise ValueError(f"format {entry.get('format')!r}")
-        config = (entry["config"][0], dict(entry["config"][1]))
+        config = _from_json(entry["config"])
         make_ops(config, topology)
         float(entry["budget_seconds"])
         bool(entry["complete"])
@@ -756,17 +772,15 @@ def autotune(
         RuntimeError: no candidate reduced correctly (the errors listed).
 
     >>> import tempfile
-    >>> cache = tempfile.mkdtemp()
-    >>> ops = tf_crossdevice.autotune(
-    ...     [((1000,), "float32"), ((10, 10), "float32")],
-    ...     tf_crossdevice.testing.cpu_devices(2), budget_seconds=3,
-    ...     cache_dir=cache)
+    >>> gradients = [((1000,), "float32"), ((10, 10), "float32")]
+    >>> devices = tf_crossdevice.testing.cpu_devices(2)
+    >>> with tempfile.TemporaryDirectory() as cache:
+    ...     ops = tf_crossdevice.autotune(
+    ...         gradients, devices, budget_seconds=3, cache_dir=cache)
+    ...     again = tf_crossdevice.autotune(
+    ...         gradients, devices, budget_seconds=3, cache_dir=cache)
     >>> ops.autotune_result.measurements[0].verified
     True
-    >>> again = tf_crossdevice.autotune(
-    ...     [((1000,), "float32"), ((10, 10), "float32")],
-    ...     tf_crossdevice.testing.cpu_devices(2), budget_seconds=3,
-    ...     cache_dir=cache)
     >>> again.autotune_result.from_cache, type(again) is type(ops)
     (True, True)
     """
@@ -816,7 +830,7 @@ def autotune(
 
 def _measurement(data: dict[str, Any]) -> Measurement:
     data = dict(data)
-    data["config"] = (data["config"][0], dict(data["config"][1]))
+    data["config"] = _from_json(data["config"])
     return Measurement(**data)
 
 

@@ -120,7 +120,7 @@ def test_quick_run_json_has_every_figure_and_every_result_verified(quick_run):
             if not group.workload.startswith("sweep_"):
                 # Every result has its row (the sweep shows the best ones).
                 assert result.name.removeprefix("ours ") in process.stdout
-    assert families == {"ours", "tf", "roofline", "bound"}
+    assert families == {"ours", "tf", "roofline", "bound", "autotune"}
     assert run.targets
     assert run.skipped == candidates.SKIPPED
 

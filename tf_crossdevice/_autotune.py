@@ -641,15 +641,6 @@ def write_cache(path: pathlib.Path, entry: dict[str, Any]) -> None:
         raise
 
 
-def cached_config(
-    devices: Sequence[str], gradients: GradientList, cache_dir: Any = None
-) -> Config | None:
-    """The cached autotune choice for canonical `devices`, if any."""
-    topology = Topology.of(devices)
-    entry = read_cache(cache_file(topology, gradients, cache_dir), topology)
-    return None if entry is None else entry["config"]
-
-
 # --- Measuring -------------------------------------------------------------
 
 
@@ -670,9 +661,13 @@ def _graph_units(
         small = sum(1 for g in gradients if _num_bytes(g) <= limit)
         packs = num_tensors - small + math.ceil(small / group)
     per_pack = 2.0
-    spec = str(kwargs.get("all_reduce_spec", ""))
-    for part in spec.split("#")[0].split("/"):
-        shards = int(spec.split("#")[1]) if "#" in spec else 1
+    spec = kwargs.get("all_reduce_spec", "")
+    if isinstance(spec, (tuple, list)):
+        alg, shards = str(spec[0]), int(spec[1]) if len(spec) > 1 else 1
+    else:
+        alg, _, count = str(spec).partition("#")
+        shards = int(count) if count.isdigit() else 1
+    for part in alg.split("/"):
         if part == "xring":
             per_pack += 2 * n * shards
         elif part == "rechd":

@@ -53,6 +53,7 @@ def references(group: Group) -> list[str]:
     REFERENCES, and across workers the best of MWMS, of our hierarchical
     and of our flat strategy."""
     out = list(REFERENCES)
+    out += [r.name for r in group.results if r.family == AUTOTUNE]
     if group.setting == "multi_worker":
         best = map(group.best_among, (MWMS, HIERARCHICAL, FLAT))
         out += [name for name in best if name]
@@ -85,6 +86,7 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
     """
     out = []
     for g in groups:
+        out += _autotune_targets(g)
         base = re.sub(r"\[.*\]$", "", g.workload)
         stand_in = g.workload not in ("resnet50", "many_small")
         if g.local_devices > 1:
@@ -201,3 +203,54 @@ def line(target: Target) -> str:
     verdict = "MET" if target.met else "NOT MET"
     text = f"{target.name}: {shown} (target >= {target.threshold:g}) {verdict}"
     return f"{text} - {target.note}" if target.note else text
+
+
+# Issue #15: autotune's choice within 10% of the fastest candidate of the
+# same run (ratio >= 1/1.1), found within its budget.
+AUTOTUNE = "autotune"
+AUTOTUNE_WITHIN = 1 / 1.1
+
+
+def _autotune_targets(g: Group) -> list[Target]:
+    """autotune's choice against the fastest of ours and of all candidates
+    (figures from the confirmation rounds), and its search time against the
+    budget its entry's name states."""
+    entry = next((r for r in g.results if r.family == AUTOTUNE), None)
+    if entry is None:
+        return []
+    mine, timing = g.time(entry.name), entry.timing
+    bests = [n for n in (g.ours_best, g.tf_best) if g.time(n) is not None]
+    fastest = min(bests, key=lambda n: g.time(n) or 0.0, default=None)
+    where = f"{g.workload}, {g.scope}"
+    chose = f"autotune chose {timing.chosen} ({_ms(mine)})"
+    out = []
+    for label, other in (("ours best", g.ours_best), ("fastest", fastest)):
+        measured = ratio(g.time(other), mine)
+        met = measured is not None and measured >= AUTOTUNE_WITHIN
+        note = f"{chose}; {label}: {other} ({_ms(g.time(other))})"
+        out.append(
+            Target(
+                f"{where}: {label} / autotune's choice",
+                measured,
+                round(AUTOTUNE_WITHIN, 3),
+                met,
+                False,
+                note,
+            )
+        )
+    budget = re.search(r"\(([\d.]+) s budget\)", entry.name)
+    if timing.search_seconds is not None and budget:
+        seconds = float(budget.group(1))
+        measured = ratio(seconds, timing.search_seconds)
+        out.append(
+            Target(
+                f"{where}: autotune's budget / its search time",
+                measured,
+                1.0,
+                measured is not None and measured >= 1.0,
+                False,
+                f"searched {timing.search_seconds:.1f} s of a "
+                f"{seconds:g} s budget",
+            )
+        )
+    return out

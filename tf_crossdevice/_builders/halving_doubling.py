@@ -117,4 +117,6 @@ def halving_doubling_all_reduce(
 
 def builder(shards: int = 1) -> protocol.AllReduceBuilder:
     """The registry's factory: `shards` independent halving-doublings."""
-    return protocol.bind_shards(halving_doubling_all_reduce, shards)
+    return protocol.bind_shards(
+        halving_doubling_all_reduce, shards, chunks=hd.num_chunks
+    )

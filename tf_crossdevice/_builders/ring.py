@@ -96,4 +96,4 @@ def ring_all_reduce(
 
 def builder(shards: int = 1) -> protocol.AllReduceBuilder:
     """The registry's factory: `ring_all_reduce` with `shards` rings."""
-    return protocol.bind_shards(ring_all_reduce, shards)
+    return protocol.bind_shards(ring_all_reduce, shards, chunks=lambda n: n)

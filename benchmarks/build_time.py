@@ -27,8 +27,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-# workload -> the most seconds trace + first step may take (issue #15).
-LIMITS = {"resnet50": 10.0, "many_small": 30.0}
+from benchmarks.targets import BUILD_SECONDS as LIMITS  # noqa: E402
+
 ALGORITHMS = ("xring", "rechd", "pscpu", "psgpu", "hierarchical_copy", "nccl")
 PACKINGS: dict[str, dict[str, int]] = {
     "": {},

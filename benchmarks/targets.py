@@ -145,3 +145,9 @@ def line(target: Target) -> str:
     verdict = "MET" if target.met else "NOT MET"
     text = f"{target.name}: {shown} (target >= {target.threshold:g}) {verdict}"
     return f"{text} - {target.note}" if target.note else text
+
+
+# Issue #15: trace + first step of one all-reduce of a workload's gradients
+# at 8 devices, every algorithm x packing (`python -m benchmarks.build_time`),
+# under this many seconds.
+BUILD_SECONDS = {"resnet50": 10.0, "many_small": 30.0}

@@ -29,6 +29,7 @@ adapts a builder that shards natively, `f(tensors, num_shards)`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
@@ -97,6 +98,12 @@ def _batchable(values: Sequence[Sequence[tf.Tensor]]) -> dict:
         key = value[0].dtype.base_dtype if static and same else (None, k)
         groups.setdefault(key, []).append(k)
     return groups
+
+
+def _with_index(
+    all_reduce: AllReduceBuilder, tensors: list[tf.Tensor], *, index: int
+) -> list[tf.Tensor]:
+    return list(all_reduce(tensors, index))
 
 
 def _laid_out_all_reduce(
@@ -251,7 +258,7 @@ def shard_wise(all_reduce: AllReduceBuilder, shards: int) -> AllReduceBuilder:
             for group in by_main.values():
                 index = indices[group[0][0]] * shards + group[0][1]
                 sums = _laid_out_all_reduce(
-                    lambda laid_out, index=index: all_reduce(laid_out, index),
+                    functools.partial(_with_index, all_reduce, index=index),
                     [[p[s] for p in pieces[k]] for k, s in group],
                     1,
                 )

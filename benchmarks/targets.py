@@ -254,3 +254,9 @@ def _autotune_targets(g: Group) -> list[Target]:
             )
         )
     return out
+
+
+# Issue #15: trace + first step of one all-reduce of a workload's gradients
+# at 8 devices, every algorithm x packing (`python -m benchmarks.build_time`),
+# under this many seconds.
+BUILD_SECONDS = {"resnet50": 10.0, "many_small": 30.0}

@@ -57,7 +57,7 @@ def test_quick_run_exits_zero_and_prints_the_table(quick_run):
     table = process.stdout
     assert re.search(
         r"^#\s+size\s+count\s+tensors\s+type\s+time\(ms\)\s+iqr\(ms\)\s+"
-        r"algbw\s+busbw\s+roofline\s+vs TF\s+candidate$",
+        r"algbw\s+busbw\s+roofline\s+vs TF\s+build\s+candidate$",
         table,
         flags=re.MULTILINE,
     )

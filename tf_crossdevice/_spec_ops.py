@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tf_crossdevice import _base, _ops
 from tf_crossdevice._builders import compression as compression_lib
-from tf_crossdevice._builders import registry
+from tf_crossdevice._builders import protocol, registry
 from tf_crossdevice._schedules import spec as spec_lib
 
 
@@ -117,7 +117,27 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
             num_packs=self._num_packs,
             agg_small_grads_max_bytes=self._agg_small_grads_max_bytes,
             agg_small_grads_max_group=self._agg_small_grads_max_group,
+            all_reduce_batch=self._reduce_packs,
         )
+
+    def _reduce_packs(
+        self, packs: Sequence[Sequence[tf.Tensor]], indices: Sequence[int]
+    ) -> list[list[tf.Tensor]]:
+        """Each range's packs as one batch (see `protocol.all_reduce_batch`)."""
+        by_range: dict = {}
+        for k, pack in enumerate(packs):
+            chosen = spec_lib.select_range(self._spec, size_in_bytes(pack[0]))
+            by_range.setdefault(chosen, []).append(k)
+        results: list[list[tf.Tensor]] = [[] for _ in packs]
+        for chosen, members in by_range.items():
+            summed = protocol.all_reduce_batch(
+                self._builders[chosen],
+                [packs[k] for k in members],
+                [indices[k] for k in members],
+            )
+            for k, sums in zip(members, summed, strict=True):
+                results[k] = sums
+        return results
 
     def _reduce_pack(
         self, tensors: Sequence[tf.Tensor], index: int

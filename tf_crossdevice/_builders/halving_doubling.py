@@ -147,4 +147,5 @@ def builder(
             same_worker=same_worker,
         ),
         shards,
+        chunks=hd.num_chunks,
     )

@@ -124,4 +124,5 @@ def builder(
             ring_all_reduce, compression=compression, same_worker=same_worker
         ),
         shards,
+        chunks=lambda n: n,
     )

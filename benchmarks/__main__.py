@@ -46,6 +46,7 @@ QUICK_DEFAULTS: dict[str, Any] = {
     "many_small_count": 32,
     "sweep_max_bytes": 4 << 20,
     "sweep_step": 1 << 20,
+    "autotune_budget_seconds": 3.0,
 }
 
 
@@ -100,6 +101,12 @@ def define_flags() -> None:
         "Leave out single-process groups estimated to need more memory.",
     )
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
+    flags.DEFINE_float(
+        "autotune_budget_seconds",
+        60.0,
+        "Budget of tf_crossdevice.autotune in each single-process group.",
+        lower_bound=0.001,
+    )
     for name in ("devices", "workers"):
         flags.register_validator(
             name,
@@ -209,6 +216,7 @@ def main(argv: list[str]) -> int:
         cores=os.cpu_count() or 1,
         timeout_seconds=FLAGS.timeout_seconds,
         max_memory_bytes=int(FLAGS.max_memory_gib * 2**30),
+        autotune_budget_seconds=FLAGS.autotune_budget_seconds,
     )
     plan = [
         (w, n, candidates_lib.single_process_candidates(w, FLAGS.quick))

@@ -47,6 +47,9 @@ MULTI_WORKER_SPECS: tuple[Any, ...] = (
     "rechd",
 )
 MWMS_BYTES_PER_PACK = (4 << 20, 32 << 20)
+# Wire compression of ours across workers (MultiWorkerAllReduce's
+# compression=); every multi-worker setting also runs with each.
+COMPRESSIONS = ("bf16", "fp16")
 # Our collectives, each inside tf_crossdevice.MultiWorkerMirroredStrategy.
 STRATEGY_OPS = ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
 STRATEGY_BYTES_PER_PACK = (0, 4 << 20)  # 0: the class's own choice
@@ -71,15 +74,19 @@ class Candidate:
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _label(packing: dict[str, int]) -> str:
+def _label(packing: dict[str, Any]) -> str:
+    suffix = ""
+    if "compression" in packing:
+        packing = dict(packing)
+        suffix = f" compression={packing.pop('compression')}"
     if "num_packs" in packing:
-        return f" num_packs={packing['num_packs']}"
+        return f" num_packs={packing['num_packs']}{suffix}"
     if packing:
         return (
             f" agg_small={packing['agg_small_grads_max_bytes'] >> 10}KiB"
-            f"x{packing['agg_small_grads_max_group']}"
+            f"x{packing['agg_small_grads_max_group']}{suffix}"
         )
-    return ""
+    return suffix
 
 
 def _applies(c: Candidate, workload: workloads_lib.Workload) -> bool:
@@ -96,7 +103,7 @@ def _applies(c: Candidate, workload: workloads_lib.Workload) -> bool:
 
 
 def _ours(
-    name: str, kind: str, settings: Sequence[tuple[Any, dict[str, int]]]
+    name: str, kind: str, settings: Sequence[tuple[Any, dict[str, Any]]]
 ) -> list[Candidate]:
     key = "all_reduce_alg" if kind == "ours_all_reduce" else "all_reduce_spec"
     out = []
@@ -165,6 +172,13 @@ def multi_worker_candidates(
         specs, packings = (specs[0], "xring"), (NO_PACKING, PACKS_1)
     settings = [(s, p) for s in specs for p in packings]
     out += _ours("MultiWorkerAllReduce", "ours_multi_worker", settings)
+    if not quick:
+        compressed = [
+            (s, p | {"compression": codec})
+            for codec in COMPRESSIONS
+            for s, p in settings
+        ]
+        out += _ours("MultiWorkerAllReduce", "ours_multi_worker", compressed)
     return [c for c in out if _applies(c, workload)]
 
 

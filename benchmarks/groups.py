@@ -5,8 +5,8 @@ process that holds it (`sessions.py`), then every entry is timed once per
 round, in interleaved rounds, and the finalists again
 (`records.timed_group`). One process, n devices: a fresh session per group
 runs the candidates, the rooflines (`roofline.py`), a bound (packing and
-unpacking alone) and the baselines. p workers, one CPU replica each: a
-session drives `tf_crossdevice.cluster` workers in one graph, p
+unpacking alone), the baselines and autotune's choice. p workers, one CPU
+replica each: a session drives `tf_crossdevice.cluster` workers in one graph, p
 MultiWorkerMirroredStrategy sessions hold the same values, and p sessions
 of tf_crossdevice's MultiWorkerMirroredStrategy run our collectives. p
 workers with k > 1 local devices: ours with k replicas per worker against
@@ -42,6 +42,10 @@ SINGLE_PROCESS = (
     (sessions.ROOFLINE_NUMPY_PER_CORE, "roofline", None),
 )
 PACK_UNPACK = (sessions.PACK_UNPACK_BOUND, "bound", sessions.INPUTS_BASELINE)
+# tf_crossdevice.autotune's choice (family "autotune"), searched in the
+# group's session with Config.autotune_budget_seconds, then timed in the same
+# rounds as the rest.
+AUTOTUNE_FAMILY = "autotune"
 MULTI_WORKER = (
     (sessions.INPUTS_BASELINE, "baseline", None),
     (sessions.IDLE_BASELINE, "baseline", None),
@@ -64,6 +68,7 @@ class Config:
     cores: int = 2
     timeout_seconds: float = 900.0  # the longest a session may stay silent
     max_memory_bytes: int = 12 << 30  # single-process groups above: left out
+    autotune_budget_seconds: float = 60.0  # the "autotune" entry's budget
 
 
 class Sessions:
@@ -182,9 +187,21 @@ def single_process(
             f"needs about {need / 2**30:.1f} GiB (over --max_memory_gib)"
         )
         return group
-    setup = {"num_devices": num_devices, "cores": config.cores}
+    setup = {
+        "num_devices": num_devices,
+        "cores": config.cores,
+        "autotune_budget_seconds": config.autotune_budget_seconds,
+    }
     with _failing_in([group]), Sessions("in_graph", setup, config) as session:
         fixed = SINGLE_PROCESS + (PACK_UNPACK,) * (workload.num_tensors > 1)
+        fixed += (
+            (
+                f"{sessions.AUTOTUNE} ({config.autotune_budget_seconds:g} s "
+                "budget)",
+                AUTOTUNE_FAMILY,
+                sessions.INPUTS_BASELINE,
+            ),
+        )
         entries = [(*e, session, None) for e in fixed] + [
             (c.name, c.family, sessions.INPUTS_BASELINE, session, c)
             for c in candidates

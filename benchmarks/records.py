@@ -59,6 +59,14 @@ class Result:
     def ok(self) -> bool:
         return self.timing.error is None and self.timing.verified is not False
 
+    @property
+    def build_seconds(self) -> float:
+        """Seconds from nothing to timing: both traces of the step
+        (`_measure.Step`), their first runs, the numpy check and the
+        warm-up calls (`_measure.prepare`); `benchmarks.build_time` times
+        trace and first step alone."""
+        return self.timing.build_seconds
+
 
 @dataclasses.dataclass
 class Group:

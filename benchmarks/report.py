@@ -3,7 +3,8 @@
 Columns: size (bytes of one replica's tensors), count (elements), tensors,
 type, time (median minus the baseline, ms), iqr (of the step times, ms),
 algbw (size / time, GB/s), busbw (algbw * 2(n-1)/n, GB/s), roofline
-(roofline time / time), vs TF (TensorFlow's best time / time).
+(roofline time / time), vs TF (TensorFlow's best time / time), build
+(seconds to trace, run first, check and warm up; `Result.build_seconds`).
 
 >>> from benchmarks import records
 >>> group = records.Group("single_process", "w", "", 4, 1, 4096, 1024,
@@ -12,7 +13,7 @@ algbw (size / time, GB/s), busbw (algbw * 2(n-1)/n, GB/s), roofline
 ...     records.entry_of("base", "baseline", None, [0.001] * 3),
 ...     records.entry_of("ours x", "ours", "base", [0.003] * 3)])
 >>> print(group_table(group).splitlines()[-1])
-        4096        1024       1 float32      2.000     0.000    0.00    0.00        -      -  [ours] x
+        4096        1024       1 float32      2.000     0.000    0.00    0.00        -      -     0.0  [ours] x
 """  # noqa: E501
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ _ORDER = {"roofline": 0, "bound": 1, "tf": 2, "ours": 3}
 _HEADER = (
     f"#{'size':>11} {'count':>11} {'tensors':>7} {'type':>7} "
     f"{'time(ms)':>10} {'iqr(ms)':>9} {'algbw':>7} {'busbw':>7} "
-    f"{'roofline':>8} {'vs TF':>6}  candidate\n"
+    f"{'roofline':>8} {'vs TF':>6} {'build':>7}  candidate\n"
     f"#{'(B)':>11} {'(elements)':>11} {'':>7} {'':>7} {'':>10} {'':>9} "
-    f"{'(GB/s)':>7} {'(GB/s)':>7}"
+    f"{'(GB/s)':>7} {'(GB/s)':>7} {'':>8} {'':>6} {'(s)':>7}"
 )
 
 
@@ -79,7 +80,7 @@ def _row(g: Group, r: Result) -> str:
         f"{g.size_bytes:>12} {g.count:>11} {g.num_tensors:>7} {g.dtype:>7} "
         f"{time:>10} {_ms(iqr):>9} {_num(r.algbw_gbps):>7} "
         f"{_num(r.busbw_gbps):>7} {_num(r.roofline_fraction):>8} "
-        f"{_num(r.ratio_to_tf_best):>6}  {name}"
+        f"{_num(r.ratio_to_tf_best):>6} {r.build_seconds:>7.1f}  {name}"
     )
     return line + (f"\n{'':>12} error: {t.error}" if not r.ok else "")
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,7 @@ ROOFLINE_NUMPY = "roofline: numpy"
 ROOFLINE_NUMPY_PER_CORE = "roofline: numpy per core"
 ROOFLINE_GRPC = "roofline: TF gRPC copy worker 0 -> 1"
 PACK_UNPACK_BOUND = "bound: pack + unpack on each device, no transfer or sum"
+AUTOTUNE = "autotune"  # the entry's name: "autotune (60 s budget)"
 Built = tuple[Callable[[], Any], Callable[[], "str | None"]]
 
 
@@ -75,6 +77,8 @@ class Session:
         self.inputs: _measure.Inputs | None = None
         self.calls: dict[str, Callable[[], Any]] = {}
         self.closers: list[Callable[[], None]] = []
+        # Entries chosen by a search: name -> (seconds it took, its choice).
+        self.searches: dict[str, tuple[float, str]] = {}
 
     def handle(self, command: dict[str, Any]) -> dict[str, Any]:
         cmd = command["cmd"]
@@ -98,6 +102,14 @@ class Session:
             )
             if call is not None:
                 self.calls[name] = call
+            if name in self.searches:
+                seconds, chosen = self.searches.pop(name)
+                prepared = dataclasses.replace(
+                    prepared,
+                    build_seconds=prepared.build_seconds - seconds,
+                    search_seconds=seconds,
+                    chosen=chosen,
+                )
             return dataclasses.asdict(prepared)
         if cmd == "time":
             call = self.calls[command["name"]]
@@ -125,6 +137,7 @@ class InGraph(Session):
     def __init__(self, setup: dict[str, Any]):
         super().__init__(setup)
         self.cores = setup.get("cores", 1)
+        self.autotune_budget = setup.get("autotune_budget_seconds", 60.0)
         if "cluster" in setup:
             from tf_crossdevice import multi_worker
 
@@ -148,6 +161,8 @@ class InGraph(Session):
             c = candidates_lib.Candidate(**candidate)
             ops = candidates_lib.build(c, inputs.devices)
             return _step(_measure.all_reduce_body(ops, inputs), inputs.check)
+        if name.startswith(AUTOTUNE):
+            return self._autotune(name, inputs)
         if name == INPUTS_BASELINE:
             body = lambda: [list(v.values) for v in inputs.values()]  # noqa: E731
             return _step(body, inputs.check_inputs)
@@ -182,6 +197,26 @@ class InGraph(Session):
 
             return summer, check
         raise ValueError(f"entry: unknown {name!r}")
+
+    def _autotune(self, name: str, inputs: _measure.Inputs) -> Built:
+        """autotune on the group's gradients and devices (a fresh cache:
+        it measures), then its choice as an entry."""
+        import tempfile
+
+        import tf_crossdevice
+
+        gradients = list(zip(inputs.shapes, inputs.dtypes, strict=True))
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory() as cache:
+            ops = tf_crossdevice.autotune(
+                gradients,
+                inputs.devices,
+                budget_seconds=self.autotune_budget,
+                cache_dir=cache,
+            )
+        result = ops.autotune_result
+        self.searches[name] = (time.monotonic() - start, result.label)
+        return _step(_measure.all_reduce_body(ops, inputs), inputs.check)
 
 
 def _add_n(inputs: _measure.Inputs, pieces: int) -> _measure.Results:

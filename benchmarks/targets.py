@@ -32,6 +32,13 @@ HIERARCHICAL = "ours HierarchicalCollectiveAllReduce"
 FLAT = "ours CollectiveAllReduce"
 MWMS = "TF MWMS"
 LOCAL_TARGETS = {("resnet50", 2, 2): [(HIERARCHICAL, 1.5)]}
+# Issue #15: wire compression across worker processes (one device each).
+# workload -> (workers counted, the fastest bf16 candidate over the same
+# configuration uncompressed), and (workers, ours best as a fraction of the
+# TCP loopback roofline).
+BF16 = " compression=bf16"
+COMPRESSION_TARGETS = {"resnet50": ((2, 3), 1.6)}
+LOOPBACK_TARGETS = {"resnet50": (2, 0.5)}
 # The entries the confirmation rounds re-time besides each family's best.
 REFERENCES = tuple(
     name
@@ -46,10 +53,26 @@ def references(group: Group) -> list[str]:
     REFERENCES, and across workers the best of MWMS, of our hierarchical
     and of our flat strategy."""
     out = list(REFERENCES)
+    out += [r.name for r in group.results if r.family == AUTOTUNE]
     if group.setting == "multi_worker":
         best = map(group.best_among, (MWMS, HIERARCHICAL, FLAT))
         out += [name for name in best if name]
+        out += _bf16_and_twin(group)
     return out
+
+
+def _bf16_and_twin(group: Group) -> list[str]:
+    """The fastest bf16 candidate and the same one uncompressed (#15)."""
+    timed = [
+        (r.time_seconds, r.name)
+        for r in group.results
+        if r.family == "ours" and r.name.endswith(BF16) and r.ok
+        if r.time_seconds
+    ]
+    if not timed:
+        return []
+    bf16 = min(timed)[1]
+    return [bf16, bf16.removesuffix(BF16)]
 
 
 def _ms(seconds: float | None) -> str:
@@ -63,6 +86,7 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
     """
     out = []
     for g in groups:
+        out += _autotune_targets(g)
         base = re.sub(r"\[.*\]$", "", g.workload)
         stand_in = g.workload not in ("resnet50", "many_small")
         if g.local_devices > 1:
@@ -72,6 +96,8 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
                 for ours, threshold in LOCAL_TARGETS.get(key, [])
             ]
             continue
+        if g.setting == "multi_worker" and not stand_in:
+            out += _compression_targets(g, base)
         goals = TARGETS.get((base, g.setting), [])
         if base == "resnet50" and g.num_replicas != 4 and not stand_in:
             goals = []  # single process: the 4-device group counts
@@ -139,9 +165,98 @@ def _local_target(
     return Target(name, measured, threshold, met, stand_in, note)
 
 
+def _compression_targets(g: Group, base: str) -> list[Target]:
+    """Issue #15's targets for one multi-worker group (one device each)."""
+    out = []
+    workers, threshold = COMPRESSION_TARGETS.get(base, ((), 0.0))
+    timed = [
+        (g.time(r.name), r.name)
+        for r in g.results
+        if r.family == "ours" and r.name.endswith(BF16) and g.time(r.name)
+    ]
+    if g.num_replicas in workers and timed:
+        bf16_time, bf16 = min(timed)  # type: ignore[type-var]
+        plain = bf16.removesuffix(BF16)
+        plain_time = g.time(plain)
+        measured = ratio(plain_time, bf16_time)
+        met = measured is not None and measured >= threshold
+        note = (
+            f"{bf16} {_ms(bf16_time)}, uncompressed {_ms(plain_time)}; "
+            f"roofline {_ms(g.time(g.roofline))} ({g.roofline})"
+        )
+        name = f"{g.workload}, {g.scope}: bf16 vs the same uncompressed"
+        out.append(Target(name, measured, threshold, met, False, note))
+    roof_workers, fraction = LOOPBACK_TARGETS.get(base, (0, 0.0))
+    if g.num_replicas == roof_workers:
+        ours, roof = g.time(g.ours_best), g.time(g.roofline)
+        measured = ratio(roof, ours)
+        met = measured is not None and measured >= fraction
+        note = f"ours best {_ms(ours)} ({g.ours_best}), roofline {_ms(roof)}"
+        name = f"{g.workload}, {g.scope}: ours best / TCP loopback roofline"
+        out.append(Target(name, measured, fraction, met, False, note))
+    return out
+
+
 def line(target: Target) -> str:
     """One target as the table and the Markdown summary print it."""
     shown = f"{target.measured:.2f}" if target.measured is not None else "n/a"
     verdict = "MET" if target.met else "NOT MET"
     text = f"{target.name}: {shown} (target >= {target.threshold:g}) {verdict}"
     return f"{text} - {target.note}" if target.note else text
+
+
+# Issue #15: autotune's choice within 10% of the fastest candidate of the
+# same run (ratio >= 1/1.1), found within its budget.
+AUTOTUNE = "autotune"
+AUTOTUNE_WITHIN = 1 / 1.1
+
+
+def _autotune_targets(g: Group) -> list[Target]:
+    """autotune's choice against the fastest of ours and of all candidates
+    (figures from the confirmation rounds), and its search time against the
+    budget its entry's name states."""
+    entry = next((r for r in g.results if r.family == AUTOTUNE), None)
+    if entry is None:
+        return []
+    mine, timing = g.time(entry.name), entry.timing
+    bests = [n for n in (g.ours_best, g.tf_best) if g.time(n) is not None]
+    fastest = min(bests, key=lambda n: g.time(n) or 0.0, default=None)
+    where = f"{g.workload}, {g.scope}"
+    chose = f"autotune chose {timing.chosen} ({_ms(mine)})"
+    out = []
+    for label, other in (("ours best", g.ours_best), ("fastest", fastest)):
+        measured = ratio(g.time(other), mine)
+        met = measured is not None and measured >= AUTOTUNE_WITHIN
+        note = f"{chose}; {label}: {other} ({_ms(g.time(other))})"
+        out.append(
+            Target(
+                f"{where}: {label} / autotune's choice",
+                measured,
+                round(AUTOTUNE_WITHIN, 3),
+                met,
+                False,
+                note,
+            )
+        )
+    budget = re.search(r"\(([\d.]+) s budget\)", entry.name)
+    if timing.search_seconds is not None and budget:
+        seconds = float(budget.group(1))
+        measured = ratio(seconds, timing.search_seconds)
+        out.append(
+            Target(
+                f"{where}: autotune's budget / its search time",
+                measured,
+                1.0,
+                measured is not None and measured >= 1.0,
+                False,
+                f"searched {timing.search_seconds:.1f} s of a "
+                f"{seconds:g} s budget",
+            )
+        )
+    return out
+
+
+# Issue #15: trace + first step of one all-reduce of a workload's gradients
+# at 8 devices, every algorithm x packing (`python -m benchmarks.build_time`),
+# under this many seconds.
+BUILD_SECONDS = {"resnet50": 10.0, "many_small": 30.0}

@@ -23,6 +23,7 @@ import sys
 import pytest
 
 from benchmarks import candidates, records, targets, workloads
+from tf_crossdevice import _measure
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -71,7 +72,7 @@ def test_quick_run_exits_zero_and_prints_the_table(quick_run):
     table = process.stdout
     assert re.search(
         r"^#\s+size\s+count\s+tensors\s+type\s+time\(ms\)\s+iqr\(ms\)\s+"
-        r"algbw\s+busbw\s+roofline\s+vs TF\s+candidate$",
+        r"algbw\s+busbw\s+roofline\s+vs TF\s+build\s+candidate$",
         table,
         flags=re.MULTILINE,
     )
@@ -135,7 +136,7 @@ def test_quick_run_json_has_every_figure_and_every_result_verified(quick_run):
             if not group.workload.startswith("sweep_"):
                 # Every result has its row (the sweep shows the best ones).
                 assert result.name.removeprefix("ours ") in process.stdout
-    assert families == {"ours", "tf", "roofline", "bound"}
+    assert families == {"ours", "tf", "roofline", "bound", "autotune"}
     assert run.targets
     assert run.skipped == candidates.SKIPPED
 
@@ -219,6 +220,33 @@ def test_confirmation_rounds_decide_the_targets_figures():
     (vs_tf, vs_roofline) = targets.evaluate([group])
     assert vs_tf.measured == pytest.approx(6.0) and vs_tf.met
     assert vs_roofline.measured == pytest.approx(1.0) and vs_roofline.met
+
+
+def test_autotune_targets_compare_its_choice_and_its_search_time():
+    """Issue #15: within 10% of the fastest of the same run, in budget."""
+    group = records.Group("single_process", "w", "", 4, 1, 8, 2, "float32")
+    entry = records.entry_of
+    results = [
+        entry("base", "baseline", None, [0.001] * 3),
+        entry("roof", "roofline", None, [0.002] * 3),
+        entry("tf", "tf", "base", [0.006] * 3),
+        entry("ours", "ours", "base", [0.005] * 3),
+        entry("autotune (2 s budget)", "autotune", "base", [0.0054] * 3),
+    ]
+    prepared = _measure.Prepared(True, None, 0.0, 1.0, 2.5, "pscpu")
+    timing = results[-1].timing
+    results[-1].timing = _measure.Timing.of(
+        timing.name, prepared, 1, timing.samples
+    )
+    records.add_results(group, results)
+    assert group.ours_best == "ours"  # autotune is a family of its own
+    assert "autotune (2 s budget)" in targets.references(group)
+    vs_ours, vs_fastest, budget = targets.evaluate([group])
+    assert vs_ours.measured == pytest.approx(0.004 / 0.0044) and vs_ours.met
+    assert vs_fastest.measured == vs_ours.measured
+    assert "autotune chose pscpu" in vs_ours.note
+    assert budget.measured == pytest.approx(2 / 2.5) and not budget.met
+    assert "searched 2.5 s of a 2 s budget" in budget.note
 
 
 def test_records_survive_json(tmp_path):
@@ -322,8 +350,10 @@ def test_full_run_candidates_cover_the_issue_list():
         "TF MWMS RING bytes_per_pack=4MiB",
         "TF MWMS RING bytes_per_pack=32MiB",
     ]
+    # Each setting uncompressed, then with bf16, then with fp16 (#15).
     assert mw[5:] == [
-        f"ours MultiWorkerAllReduce {spec}{p}"
+        f"ours MultiWorkerAllReduce {spec}{p}{codec}"
+        for codec in ("", " compression=bf16", " compression=fp16")
         for spec in ("('pscpu/pscpu', 2, -1)", "pscpu", "xring", "rechd")
         for p in packings
     ]

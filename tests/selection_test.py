@@ -1,5 +1,7 @@
 """select_cross_device_ops: the choice follows devices and links."""
 
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -95,3 +97,134 @@ def test_gpus_of_several_workers_never_get_nccl():
 def test_bad_arguments(devices, link_matrix, error, message):
     with pytest.raises(error, match=message):
         tf_crossdevice.select_cross_device_ops(devices, link_matrix)
+
+
+# --- With gradients: autotune's cache, then the cost model, then the rules.
+
+GRADIENTS = [((10, 10), "float32"), ((10,), "float32")]
+
+
+def cache_choice(tmp_path, devices, config, label="cached"):
+    from tf_crossdevice import _autotune
+
+    canonical = [tf_crossdevice._base.canonical_device(d, "d") for d in devices]
+    where = _autotune.Topology.of(canonical)
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    path = _autotune.cache_file(where, grads, tmp_path)
+    _autotune.write_cache(
+        path,
+        {
+            "format": _autotune.CACHE_FORMAT,
+            "config": list(config),
+            "label": label,
+            "budget_seconds": 1.0,
+            "complete": True,
+        },
+    )
+    return path
+
+
+def no_cost_model(monkeypatch):
+    from tf_crossdevice import _autotune
+
+    monkeypatch.setattr(_autotune, "cost_model", lambda: None)
+
+
+def test_a_cached_autotune_choice_wins(tmp_path, monkeypatch):
+    no_cost_model(monkeypatch)
+    devices = tf_crossdevice.testing.cpu_devices(4)
+    config = ("SpecAllReduce", {"all_reduce_spec": "xring#2", "num_packs": 1})
+    cache_choice(tmp_path, devices, config)
+    ops = tf_crossdevice.select_cross_device_ops(
+        devices, gradients=GRADIENTS, cache_dir=tmp_path
+    )
+    assert type(ops) is tf_crossdevice.SpecAllReduce
+    assert [(r.alg, r.shards) for r in ops.all_reduce_spec] == [("xring", 2)]
+    assert ops._num_packs == 1
+    # Other gradients have no cached choice: the rules (pscpu, packed).
+    other = tf_crossdevice.select_cross_device_ops(
+        devices, gradients=GRADIENTS[:1], cache_dir=tmp_path
+    )
+    assert [r.alg for r in other.all_reduce_spec] == ["pscpu"]
+    assert other._agg_small_grads_max_bytes == 64 * 1024
+
+
+def test_the_cache_wins_over_the_cost_model_which_wins_over_rules(
+    tmp_path, monkeypatch
+):
+    from tf_crossdevice import _autotune
+
+    asked = []
+
+    def recommend(gradients, *, num_workers, devices_per_worker=1):
+        asked.append((gradients, num_workers, devices_per_worker))
+        return ("ReductionToOneDevice", {}), 0.001
+
+    model = types.SimpleNamespace(recommend=recommend)
+    monkeypatch.setattr(_autotune, "cost_model", lambda: model)
+    devices = tf_crossdevice.testing.cpu_devices(2)
+    ops = tf_crossdevice.select_cross_device_ops(
+        devices, gradients=GRADIENTS, cache_dir=tmp_path
+    )
+    assert type(ops) is tf_crossdevice.ReductionToOneDevice
+    assert asked == [(GRADIENTS, 1, 2)]
+    cache_choice(
+        tmp_path, devices, ("SpecAllReduce", {"all_reduce_spec": "rechd"})
+    )
+    ops = tf_crossdevice.select_cross_device_ops(
+        devices, gradients=GRADIENTS, cache_dir=tmp_path
+    )
+    assert [r.alg for r in ops.all_reduce_spec] == ["rechd"]
+    assert len(asked) == 1
+    # Without gradients, neither is asked.
+    ops = tf_crossdevice.select_cross_device_ops(devices)
+    assert [r.alg for r in ops.all_reduce_spec] == ["pscpu"]
+    assert len(asked) == 1
+
+
+def test_a_cached_multi_worker_choice_gets_the_devices_workers(
+    tmp_path, monkeypatch
+):
+    no_cost_model(monkeypatch)
+    devices = [f"/job:worker/task:{t}/device:GPU:0" for t in (0, 1)]
+    config = (
+        "MultiWorkerAllReduce",
+        {"all_reduce_spec": ["pscpu/pscpu", 2, -1]},
+    )
+    cache_choice(tmp_path, devices, config)
+    ops = tf_crossdevice.select_cross_device_ops(
+        devices, gradients=GRADIENTS, cache_dir=tmp_path
+    )
+    assert type(ops) is tf_crossdevice.MultiWorkerAllReduce
+    assert ops.worker_devices == (
+        "/job:worker/replica:0/task:0",
+        "/job:worker/replica:0/task:1",
+    )
+    assert ops._num_gpus_per_worker == 1
+
+
+def test_a_corrupt_cached_choice_falls_back_with_a_warning(
+    tmp_path, monkeypatch
+):
+    from absl import logging as absl_logging
+
+    no_cost_model(monkeypatch)
+    warnings = []
+    monkeypatch.setattr(
+        absl_logging, "warning", lambda msg, *a: warnings.append(msg % a)
+    )
+    devices = tf_crossdevice.testing.cpu_devices(2)
+    path = cache_choice(tmp_path, devices, ("SpecAllReduce", {}))
+    path.write_text("not json")
+    ops = tf_crossdevice.select_cross_device_ops(
+        devices, gradients=GRADIENTS, cache_dir=tmp_path
+    )
+    assert [r.alg for r in ops.all_reduce_spec] == ["pscpu"]
+    assert len(warnings) == 1 and "corrupt" in warnings[0]
+
+
+def test_bad_gradients_are_named(tmp_path):
+    with pytest.raises(TypeError, match=r"gradients\[0\]: expected"):
+        tf_crossdevice.select_cross_device_ops(
+            ["/cpu:0"], gradients=[3], cache_dir=tmp_path
+        )

@@ -7,6 +7,7 @@ Pass the single-worker classes as `cross_device_ops=` to
 
 from tf_crossdevice import cost_model
 from tf_crossdevice import testing
+from tf_crossdevice._autotune import autotune
 from tf_crossdevice._collective_ops import CollectiveAllReduce
 from tf_crossdevice._hierarchical_collective_ops import (
     HierarchicalCollectiveAllReduce,
@@ -36,6 +37,7 @@ __all__ = [
     "NcclAllReduce",
     "ReductionToOneDevice",
     "SpecAllReduce",
+    "autotune",
     "cost_model",
     "enable_collectives",
     "select_cross_device_ops",

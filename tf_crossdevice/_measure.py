@@ -96,6 +96,8 @@ class Inputs:
         total = total_replicas or len(self.devices)
         self.variables: list[dict[Any, tf.Variable]] = []
         self.expected_flats: dict[Any, np.ndarray] = {}
+        # Sum of the replicas' absolute values: bounds rounding errors.
+        self.magnitude_flats: dict[Any, np.ndarray] = {}
         for replica in range(total):
             rng = np.random.default_rng(replica_seed(seed, replica))
             flats = {}
@@ -109,8 +111,10 @@ class Inputs:
                 flats[dtype] = flat
                 if dtype in self.expected_flats:
                     self.expected_flats[dtype] += flat
+                    self.magnitude_flats[dtype] += np.abs(flat)
                 else:
                     self.expected_flats[dtype] = flat.copy()
+                    self.magnitude_flats[dtype] = np.abs(flat)
             i = replica - first_replica
             if 0 <= i < len(self.devices):
                 with tf.device(self.devices[i]):
@@ -121,6 +125,7 @@ class Inputs:
                         }
                     )
         self.expected = self._views(self.expected_flats)
+        self.magnitudes = self._views(self.magnitude_flats)
 
     def _views(self, flats: Mapping[Any, np.ndarray]) -> list[np.ndarray]:
         views: list[Any] = [None] * len(self.shapes)
@@ -175,6 +180,23 @@ class Inputs:
         """None if `results[k][d]` is numpy's sum of gradient k, on device d."""
         return self._compare(results, devices, lambda d: self.expected)
 
+    def check_close(self, relative: float) -> Check:
+        """A check allowing each element of gradient k's sum an error of
+        `relative` times the sum of the replicas' absolute values there
+        (lossy transfers: each rounding of a partial sum stays within it).
+        """
+
+        def check(results: Results, devices: list[list[str]]) -> str | None:
+            return self._compare(
+                results,
+                devices,
+                lambda d: self.expected,
+                self.magnitudes,
+                relative,
+            )
+
+        return check
+
     def check_inputs(
         self, results: Results, devices: list[list[str]]
     ) -> str | None:
@@ -193,6 +215,8 @@ class Inputs:
         results: Results,
         devices: list[list[str]],
         want: Callable[[int], list[np.ndarray]],
+        magnitudes: list[np.ndarray] | None = None,
+        relative: float = 0.0,
     ) -> str | None:
         if len(results) != len(self.shapes):
             return (
@@ -209,7 +233,14 @@ class Inputs:
                 got = canonical(devices[k][d])
                 if got != device:
                     return f"value {k} replica {d}: on {got}, expected {device}"
-                problem = mismatch(np.asarray(per_device[d]), wanted[k])
+                got_k = np.asarray(per_device[d])
+                exact = not np.issubdtype(wanted[k].dtype, np.floating)
+                if magnitudes is None or exact:
+                    problem = mismatch(got_k, wanted[k])
+                else:
+                    problem = mismatch_beyond(
+                        got_k, wanted[k], relative * magnitudes[k]
+                    )
                 if problem:
                     return f"value {k} replica {d}: {problem}"
         return None
@@ -232,6 +263,30 @@ def mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
     return (
         f"{wrong} of {want.size} elements differ from numpy (largest "
         f"difference {worst:g})"
+    )
+
+
+def mismatch_beyond(
+    got: np.ndarray, want: np.ndarray, tolerance: np.ndarray
+) -> str | None:
+    """None if `got` is within `tolerance` of `want` element by element.
+
+    >>> mismatch_beyond(np.array([1.0, 2.5]), np.array([1.0, 2.0]),
+    ...                 np.array([0.1, 0.1]))
+    '1 of 2 elements differ from numpy by more than the tolerance (largest \
+difference 0.5)'
+    """
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype}, expected {want.dtype}"
+    error = np.abs(got.astype(np.float64) - want)
+    wrong = int(np.count_nonzero(~(error <= tolerance)))
+    if not wrong:
+        return None
+    return (
+        f"{wrong} of {want.size} elements differ from numpy by more than the "
+        f"tolerance (largest difference {float(np.max(error)):g})"
     )
 
 
@@ -294,12 +349,17 @@ class Prepared:
         error: why it cannot be timed.
         seconds_per_call: one call after warm-up (chooses the reps).
         build_seconds: tracing, first runs and the check.
+        search_seconds: for an entry chosen by a search (autotune), how
+            long the search took, before the build.
+        chosen: for such an entry, what the search chose.
     """
 
     verified: bool | None
     error: str | None
     seconds_per_call: float
     build_seconds: float
+    search_seconds: float | None = None
+    chosen: str | None = None
 
 
 def prepare(
@@ -420,6 +480,7 @@ class Timing:
         samples: seconds per call, one per round, in round order.
         median_seconds, q25_seconds, q75_seconds: of the samples (None
             without samples).
+        search_seconds, chosen: see `Prepared`.
     """
 
     name: str
@@ -431,6 +492,8 @@ class Timing:
     median_seconds: float | None
     q25_seconds: float | None
     q75_seconds: float | None
+    search_seconds: float | None = None
+    chosen: str | None = None
 
     @classmethod
     def of(
@@ -463,6 +526,8 @@ class Timing:
             median_seconds=statistics.median(values) if values else None,
             q25_seconds=q25,
             q75_seconds=q75,
+            search_seconds=prepared.search_seconds,
+            chosen=prepared.chosen,
         )
 
 

@@ -48,6 +48,10 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         num_packs: see `SpecAllReduce` (0: no concat-and-split packing).
         agg_small_grads_max_bytes: see `SpecAllReduce`.
         agg_small_grads_max_group: see `SpecAllReduce`.
+        compression: keyword-only; None, 'bf16' or 'fp16': float32 and
+            float64 values cross workers as 16 bits (see `SpecAllReduce`;
+            with the default spec, the sums of the workers travel
+            compressed to the CPU that gathers each shard, and back).
 
     Raises:
         TypeError: an argument of the wrong type.
@@ -77,12 +81,15 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         num_packs: int = 0,
         agg_small_grads_max_bytes: int = 0,
         agg_small_grads_max_group: int = 10,
+        *,
+        compression: str | None = None,
     ):
         super().__init__(
             all_reduce_spec,
             num_packs=num_packs,
             agg_small_grads_max_bytes=agg_small_grads_max_bytes,
             agg_small_grads_max_group=agg_small_grads_max_group,
+            compression=compression,
         )
         _checks.string_list(
             worker_devices, "worker_devices", "worker device string"

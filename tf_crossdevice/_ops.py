@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice import _base, _checks, _packing
-from tf_crossdevice._builders import registry
+from tf_crossdevice._builders import protocol, registry
 
 
 def check_packing(
@@ -171,12 +171,21 @@ def packed_all_reduce(
     num_packs: int,
     agg_small_grads_max_bytes: int,
     agg_small_grads_max_group: int,
+    all_reduce_batch: protocol.BatchAllReduce | None = None,
 ) -> list[list[tf.Tensor]]:
-    """Packs each device's tensors, all-reduces each pack, unpacks.
+    """Packs each device's tensors, all-reduces the packs, unpacks.
+
+    With packing on, each pack is all-reduced on its own (packing sets how
+    many all-reduces run and how big they are). With packing off, the
+    values (and those that cannot be packed) are all-reduced as one batch
+    (`protocol.all_reduce_batch`: one layout per dtype), so that the graph
+    does not grow with values x devices x algorithm steps.
 
     Args:
         batch: `batch[k][d]` is value k on device d (same devices for all k).
         all_reduce: sums one pack across devices; gets the pack's index too.
+        all_reduce_batch: sums a batch of packs, given their indices;
+            default `protocol.all_reduce_batch` of `all_reduce`.
 
     Returns:
         `result[k][d]`, the sum of value k, on device d.
@@ -184,12 +193,17 @@ def packed_all_reduce(
     Values whose static shape is not fully known cannot be packed; each of
     them is all-reduced on its own (as TensorFlow's packers do).
     """
+    if all_reduce_batch is None:
+
+        def all_reduce_batch(values, indices):
+            return protocol.all_reduce_batch(all_reduce, values, indices)
+
     static = [k for k, v in enumerate(batch) if v[0].shape.is_fully_defined()]
     results: list[list[tf.Tensor]] = [[] for _ in batch]
     if static:
         packed = _pack_and_all_reduce(
             [batch[k] for k in static],
-            all_reduce,
+            all_reduce_batch,
             num_packs=num_packs,
             agg_small_grads_max_bytes=agg_small_grads_max_bytes,
             agg_small_grads_max_group=agg_small_grads_max_group,
@@ -197,14 +211,19 @@ def packed_all_reduce(
         for k, summed in zip(static, packed, strict=True):
             results[k] = summed
     dynamic = [k for k in range(len(batch)) if k not in set(static)]
-    for j, k in enumerate(dynamic):
-        results[k] = all_reduce(batch[k], len(static) + j)
+    if dynamic:
+        summed = all_reduce_batch(
+            [batch[k] for k in dynamic],
+            [len(static) + j for j in range(len(dynamic))],
+        )
+        for k, sums in zip(dynamic, summed, strict=True):
+            results[k] = sums
     return results
 
 
 def _pack_and_all_reduce(
     batch: Sequence[Sequence[tf.Tensor]],
-    all_reduce: registry.AllReduceBuilder,
+    all_reduce_batch: protocol.BatchAllReduce,
     *,
     num_packs: int,
     agg_small_grads_max_bytes: int,
@@ -222,10 +241,20 @@ def _pack_and_all_reduce(
     for d, device in enumerate(devices):
         with tf.device(device):
             packs_per_device.append(packer.pack([value[d] for value in batch]))
-    summed_packs = [
-        all_reduce([packs[j] for packs in packs_per_device], j)
+    packs = [
+        [packs[j] for packs in packs_per_device]
         for j in range(packer.num_packs)
     ]
+    if num_packs or agg_small_grads_max_bytes:
+        # Packing decides how many all-reduces run and how big they are:
+        # each pack keeps its own (few packs, so a small graph).
+        summed_packs = [
+            all_reduce_batch([p], [j])[0] for j, p in enumerate(packs)
+        ]
+    else:
+        # No packing: every value is a "pack"; one batched all-reduce per
+        # dtype and range keeps the graph from growing with the values.
+        summed_packs = all_reduce_batch(packs, list(range(packer.num_packs)))
     per_device = []
     for d, device in enumerate(devices):
         with tf.device(device):

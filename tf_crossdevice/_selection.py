@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
-from tf_crossdevice import _base, _checks, _ops, _spec_ops, _tf_internal
+from tf_crossdevice import (
+    _autotune,
+    _base,
+    _checks,
+    _ops,
+    _spec_ops,
+    _tf_internal,
+)
 from tf_crossdevice._schedules import devices as devices_lib
 from tf_crossdevice._schedules import topology
 
@@ -19,8 +27,22 @@ _CPU_PACK_GROUP = 1024
 def select_cross_device_ops(
     devices: Sequence[str],
     link_matrix: topology.LinkMatrix | None = None,
+    *,
+    gradients: Any = None,
+    cache_dir: Any = None,
 ) -> tf.distribute.CrossDeviceOps:
-    """The CrossDeviceOps that suits `devices`.
+    """The CrossDeviceOps that suits `devices` (and `gradients`).
+
+    With `gradients`, in this order:
+
+    - `tf_crossdevice.autotune`'s cached choice for the same topology
+      (device type, devices per worker, workers, versions) and gradient
+      shapes and dtypes, from `cache_dir` (None: autotune's default
+      folder). Nothing is measured here: run `autotune` once for that.
+    - Else, when `tf_crossdevice.cost_model` is installed, its
+      recommendation (`cost_model.recommend`).
+
+    Otherwise, or without `gradients`, these rules:
 
     - Any device that is not a GPU: `SpecAllReduce("pscpu",
       agg_small_grads_max_bytes=64 KiB, agg_small_grads_max_group=1024)`:
@@ -45,14 +67,19 @@ def select_cross_device_ops(
         link_matrix: for GPUs, `link_matrix[i][j]` is true when device i has a
             direct link (NVLink) to device j. None reads the links TensorFlow
             reports for the local GPUs.
+        gradients: what will be reduced, as `autotune` takes it (a Keras
+            model, or a list of (shape, dtype) pairs, tensors or variables).
+        cache_dir: where autotune's cache files are (None: its default).
 
     Returns:
         A new CrossDeviceOps instance.
 
     Raises:
         ValueError: `devices` is empty or holds an unparsable device string,
-            or `link_matrix` is not len(devices) x len(devices).
-        TypeError: `devices` is not a list of strings.
+            or `link_matrix` is not len(devices) x len(devices), or a bad
+            `gradients` entry.
+        TypeError: `devices` is not a list of strings, or `gradients` is
+            not one of the kinds above.
 
     >>> select_cross_device_ops(["/cpu:0", "/cpu:1"]).__class__.__name__
     'SpecAllReduce'
@@ -66,6 +93,10 @@ def select_cross_device_ops(
     canonical = [_base.canonical_device(d, "devices") for d in devices]
     if link_matrix is not None:
         topology.check_link_matrix(link_matrix, len(devices))
+    if gradients is not None:
+        chosen = _from_gradients(canonical, gradients, cache_dir)
+        if chosen is not None:
+            return chosen
     names = [devices_lib.parse_device(d) for d in canonical]
     kinds = {n.device_type for n in names}
     if kinds != {"GPU"}:
@@ -96,6 +127,37 @@ def select_cross_device_ops(
         return _ops.HierarchicalCopyAllReduce(num_packs=8)
     logging.info("select_cross_device_ops: NCCL all-reduce.")
     return _ops.NcclAllReduce(num_packs=1)
+
+
+def _from_gradients(
+    devices: list[str], gradients: Any, cache_dir: Any
+) -> tf.distribute.CrossDeviceOps | None:
+    """autotune's cached choice, else the cost model's; None: neither."""
+    grads = _autotune.normalize_gradients(gradients)
+    where = _autotune.Topology.of(devices)
+    path = _autotune.cache_file(where, grads, cache_dir)
+    entry = _autotune.read_cache(path, where)
+    if entry is not None:
+        logging.info(
+            "select_cross_device_ops: autotune's %s (cached in %s)",
+            entry["label"],
+            path,
+        )
+        return _autotune.make_ops(entry["config"], where)
+    model = _autotune.cost_model()
+    if model is None:
+        return None
+    config, seconds = model.recommend(
+        grads,
+        num_workers=where.num_workers,
+        devices_per_worker=where.local_devices,
+    )
+    logging.info(
+        "select_cross_device_ops: the cost model's %s (%.3g ms predicted)",
+        _autotune.label(config),
+        seconds * 1e3,
+    )
+    return _autotune.make_ops(config, where)
 
 
 def _local_link_matrix(devices: Sequence[str]) -> list[list[bool]]:

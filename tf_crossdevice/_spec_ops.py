@@ -8,7 +8,8 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice import _base, _ops
-from tf_crossdevice._builders import registry
+from tf_crossdevice._builders import compression as compression_lib
+from tf_crossdevice._builders import protocol, registry
 from tf_crossdevice._schedules import spec as spec_lib
 
 
@@ -39,6 +40,19 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
         agg_small_grads_max_bytes: with num_packs=0, concatenate tensors of
             at most this many bytes into groups first (0: off).
         agg_small_grads_max_group: the most tensors in one such group.
+        compression: keyword-only; None (default), 'bf16' or 'fp16'. Float32
+            and float64 values that cross worker boundaries (devices with
+            different job, replica or task) travel as 16 bits: encoded on
+            the sender's device, decoded back to their dtype on the
+            receiver's, every addition in the original dtype. Inside a
+            worker nothing changes; for 'inner/outer' only the outer stage
+            compresses. Ints, float16 and bfloat16 pass unchanged (exact).
+            When a reduction crosses workers its final sum is rounded to 16
+            bits once, so every replica gets the same bits. See the README
+            section "Wire compression" for the error bounds; in short, one
+            transfer errs by at most 2**-8 (bf16) or 2**-11 (fp16) relative,
+            and a sum over p workers by about k * u * sum|x_i| with k = 2
+            for pscpu-style and two-level specs and k <= p + 1 for xring.
 
     Raises:
         ValueError: a bad spec (the message quotes it, points at the bad
@@ -66,13 +80,17 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
         num_packs: int = 0,
         agg_small_grads_max_bytes: int = 0,
         agg_small_grads_max_group: int = 10,
+        *,
+        compression: str | None = None,
     ):
         super().__init__()
         self._spec = spec_lib.parse_all_reduce_spec(
             all_reduce_spec, registry.algorithm_names()
         )
+        self._compression = compression_lib.check_compression(compression)
         self._builders = {
-            r: registry.build(r.alg, r.shards) for r in self._spec
+            r: registry.build(r.alg, r.shards, compression=self._compression)
+            for r in self._spec
         }
         (
             self._num_packs,
@@ -87,6 +105,11 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
         """The parsed spec: one (alg, shards, limit) per size range."""
         return self._spec
 
+    @property
+    def compression(self) -> str | None:
+        """None, 'bf16' or 'fp16': how values cross workers."""
+        return self._compression
+
     def _all_reduce_dense(self, batch):
         return _ops.packed_all_reduce(
             batch,
@@ -94,7 +117,27 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
             num_packs=self._num_packs,
             agg_small_grads_max_bytes=self._agg_small_grads_max_bytes,
             agg_small_grads_max_group=self._agg_small_grads_max_group,
+            all_reduce_batch=self._reduce_packs,
         )
+
+    def _reduce_packs(
+        self, packs: Sequence[Sequence[tf.Tensor]], indices: Sequence[int]
+    ) -> list[list[tf.Tensor]]:
+        """Each range's packs as one batch (see `protocol.all_reduce_batch`)."""
+        by_range: dict = {}
+        for k, pack in enumerate(packs):
+            chosen = spec_lib.select_range(self._spec, size_in_bytes(pack[0]))
+            by_range.setdefault(chosen, []).append(k)
+        results: list[list[tf.Tensor]] = [[] for _ in packs]
+        for chosen, members in by_range.items():
+            summed = protocol.all_reduce_batch(
+                self._builders[chosen],
+                [packs[k] for k in members],
+                [indices[k] for k in members],
+            )
+            for k, sums in zip(members, summed, strict=True):
+                results[k] = sums
+        return results
 
     def _reduce_pack(
         self, tensors: Sequence[tf.Tensor], index: int

@@ -15,7 +15,7 @@ its own task index instead; nothing else changes.
 Command line (exits with the first failing worker's status, else 0):
 
     python -m tf_crossdevice.launch --num_workers=2 -- \\
-        python examples/multi_worker_train.py --epochs=2
+        python examples/train.py --job_name=worker --epochs=2
 """
 
 from __future__ import annotations

@@ -160,3 +160,127 @@ def join_flat(pieces: Sequence[tf.Tensor], like: tf.Tensor) -> tf.Tensor:
         if flat.shape.num_elements() != size:
             flat = flat[:size]
         return tf.reshape(flat, like.shape)
+
+
+def _shape_groups(tensors: Sequence[tf.Tensor]) -> list[list[int]]:
+    """Positions of tensors of equal static shape, by first appearance."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, t in enumerate(tensors):
+        groups.setdefault(tuple(t.shape.as_list()), []).append(k)
+    return list(groups.values())
+
+
+def chunk_major(tensors: Sequence[tf.Tensor], rows: int) -> tf.Tensor:
+    """One device's tensors laid out so that chunk c of each sits in row c.
+
+    Each tensor is flattened, zero-padded to a multiple of `rows` and viewed
+    as `[rows, m]` (its chunk c, as `split_flat(t, rows)[c]`, is row c); the
+    views are concatenated along axis 1. A builder that cuts the result
+    into `rows` flat pieces thus gives every element the chunk index, and
+    so the summation order, it would have had alone. With `rows == 1` the
+    result is rank 1: the elements of all tensors.
+
+    Tensors of one shape are stacked and laid out together (a transpose),
+    so the graph grows with the number of distinct shapes, not of tensors.
+
+    Args:
+        tensors: tensors of one dtype with static shapes, on one device
+            (the ops go on `tensors[0].device`).
+        rows: the number of chunks each tensor is cut into, at least 1.
+
+    Returns:
+        `[rows, sum(m)]`, or `[sum(sizes)]` when `rows == 1`; undo it with
+        `from_chunk_major`.
+
+    Example:
+
+    >>> a, b = tf.range(4), tf.range(10, 12)
+    >>> chunk_major([a, b], 2).numpy().tolist()
+    [[0, 1, 10], [2, 3, 11]]
+    >>> chunk_major([a, b], 1).numpy().tolist()
+    [0, 1, 2, 3, 10, 11]
+    """
+    with tf.device(tensors[0].device):
+        columns = []
+        for members in _shape_groups(tensors):
+            group = [tensors[k] for k in members]
+            size = group[0].shape.num_elements()
+            width, count = -(-size // rows), len(group)
+            if count == 1:
+                t = group[0]
+                flat = t if t.shape.rank == 1 else tf.reshape(t, [-1])
+                if rows == 1:
+                    columns.append(flat)
+                    continue
+                if width * rows != size:
+                    t = tf.pad(flat, [[0, width * rows - size]])
+                if t.shape != tf.TensorShape([rows, width]):
+                    t = tf.reshape(t, [rows, width])
+                columns.append(t)
+                continue
+            stacked = tf.reshape(tf.stack(group), [count, size])
+            if rows == 1:
+                columns.append(tf.reshape(stacked, [-1]))
+                continue
+            if width * rows != size:
+                stacked = tf.pad(stacked, [[0, 0], [0, width * rows - size]])
+            stacked = tf.reshape(stacked, [count, rows, width])
+            columns.append(
+                tf.reshape(
+                    tf.transpose(stacked, [1, 0, 2]), [rows, count * width]
+                )
+            )
+        if len(columns) == 1:
+            return columns[0]
+        return tf.concat(columns, axis=1 if rows > 1 else 0)
+
+
+def from_chunk_major(
+    laid_out: tf.Tensor, likes: Sequence[tf.Tensor], rows: int
+) -> list[tf.Tensor]:
+    """Undoes `chunk_major`: the tensors shaped like `likes`, in order.
+
+    The ops go on `likes[0].device`.
+
+    >>> a, b, c = tf.range(4), tf.range(10, 13), tf.range(20, 24)
+    >>> [t.numpy().tolist() for t in from_chunk_major(
+    ...     chunk_major([a, b, c], 2), [a, b, c], 2)]
+    [[0, 1, 2, 3], [10, 11, 12], [20, 21, 22, 23]]
+    """
+    groups = _shape_groups(likes)
+    out: list[tf.Tensor | None] = [None] * len(likes)
+    with tf.device(likes[0].device):
+        widths = []
+        for members in groups:
+            size = likes[members[0]].shape.num_elements()
+            widths.append(
+                len(members) * (-(-size // rows) if rows > 1 else size)
+            )
+        if len(groups) == 1:
+            blocks = [laid_out]
+        else:
+            blocks = tf.split(laid_out, widths, axis=1 if rows > 1 else 0)
+        for members, block in zip(groups, blocks, strict=True):
+            like = likes[members[0]]
+            size, count = like.shape.num_elements(), len(members)
+            width = -(-size // rows)
+            if count == 1:
+                if width * rows != size:
+                    block = tf.reshape(block, [-1])[:size]
+                if block.shape != like.shape:
+                    block = tf.reshape(block, like.shape)
+                out[members[0]] = block
+                continue
+            if rows > 1:
+                block = tf.reshape(
+                    tf.transpose(
+                        tf.reshape(block, [rows, count, width]), [1, 0, 2]
+                    ),
+                    [count, rows * width],
+                )
+                if width * rows != size:
+                    block = block[:, :size]
+            block = tf.reshape(block, [count, *like.shape.as_list()])
+            for k, t in zip(members, tf.unstack(block), strict=True):
+                out[k] = t
+    return out  # type: ignore[return-value]

@@ -125,8 +125,15 @@ def _scale_exponent(tensor: tf.Tensor) -> tf.Tensor:
     """
     dtype = tensor.dtype
     mantissa_bits, bias, top = _FORMATS[dtype]
-    magnitude = tf.reduce_max(
-        tf.where(tf.math.is_finite(tensor), tf.abs(tensor), 0)
+    # Two read-only passes; only a message holding inf or nan pays for a
+    # third that leaves them out.
+    magnitude = tf.maximum(tf.reduce_max(tensor), -tf.reduce_min(tensor))
+    magnitude = tf.cond(
+        tf.math.is_finite(magnitude),
+        lambda: magnitude,
+        lambda: tf.reduce_max(
+            tf.where(tf.math.is_finite(tensor), tf.abs(tensor), 0)
+        ),
     )
     bits = tf.bitcast(magnitude, _INT_OF[dtype])
     biased = tf.maximum(tf.bitwise.right_shift(bits, mantissa_bits), 1)

@@ -28,11 +28,13 @@ Integer sums are exact.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import tensorflow as tf
 
 from tf_crossdevice._builders import _flat, protocol
+from tf_crossdevice._builders import compression as compression_lib
 from tf_crossdevice._schedules import halving_doubling as hd
 
 
@@ -40,7 +42,11 @@ from tf_crossdevice._schedules import halving_doubling as hd
 # and converting them would cost seconds per trace.
 @tf.autograph.experimental.do_not_convert
 def halving_doubling_all_reduce(
-    tensors: Sequence[tf.Tensor], num_shards: int = 1
+    tensors: Sequence[tf.Tensor],
+    num_shards: int = 1,
+    *,
+    compression: str | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
 ) -> list[tf.Tensor]:
     """Sums `tensors` elementwise by recursive halving and doubling.
 
@@ -53,6 +59,10 @@ def halving_doubling_all_reduce(
             `_flat.SUPPORTED_DTYPES`); a tensor's device is `t.device`.
         num_shards: number of independent instances the data is split
             between.
+        compression: None, 'bf16' or 'fp16': float32 and float64 values
+            crossing workers travel as 16 bits (see `compression.Wire`).
+        same_worker: the "same worker?" predicate for `compression`;
+            default by job, replica and task.
 
     Returns:
         The sum, one tensor per input: the i-th on `tensors[i].device`, with
@@ -80,6 +90,9 @@ def halving_doubling_all_reduce(
     tensors = _flat.check_inputs(tensors, num_shards)
     n = len(tensors)
     devices = [t.device for t in tensors]
+    wire = compression_lib.Wire(
+        devices, tensors[0].dtype, compression, same_worker
+    )
     with tf.name_scope("halving_doubling_all_reduce"):
         if n == 1:
             with tf.device(devices[0]):
@@ -97,9 +110,11 @@ def halving_doubling_all_reduce(
                         offset + t.chunks.start, offset + t.chunks.stop
                     ):
                         if add:
-                            value = chunks[t.dst][c] + chunks[t.src][c]
+                            value = chunks[t.dst][c] + wire.receive(
+                                chunks[t.src][c], devices[t.dst]
+                            )
                         else:
-                            value = tf.identity(chunks[t.src][c])
+                            value = wire.copy(chunks[t.src][c], devices[t.dst])
                         received.append((t.dst, c, value))
             for dst, c, value in received:
                 chunks[dst][c] = value
@@ -112,9 +127,25 @@ def halving_doubling_all_reduce(
             for step in hd.all_gather_steps(order):
                 run(step, offset, add=False)
             run(hd.fold_out(order), offset, add=False)
-        return [_flat.join_flat(chunks[i], like=tensors[i]) for i in range(n)]
+        return [
+            _flat.join_flat([wire.settle(c) for c in chunks[i]], tensors[i])
+            for i in range(n)
+        ]
 
 
-def builder(shards: int = 1) -> protocol.AllReduceBuilder:
+def builder(
+    shards: int = 1,
+    *,
+    compression: str | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
+) -> protocol.AllReduceBuilder:
     """The registry's factory: `shards` independent halving-doublings."""
-    return protocol.bind_shards(halving_doubling_all_reduce, shards)
+    return protocol.bind_shards(
+        functools.partial(
+            halving_doubling_all_reduce,
+            compression=compression,
+            same_worker=same_worker,
+        ),
+        shards,
+        chunks=hd.num_chunks,
+    )

@@ -5,6 +5,13 @@ NCCL refuses two ranks on one GPU. `nccl_all_reduce` therefore checks the
 devices first: when they are not distinct GPUs of a CUDA/ROCm build it logs
 once, naming the devices, and sums on the first device instead (see
 `reduction_to_one_device`), which on one host is the fastest CPU path.
+
+Compression: NCCL sums in the dtype it is given, so it never sees 16-bit
+data. TensorFlow's NCCL runs inside one worker, so a stage that crosses
+workers always takes the one-device fallback, and that fallback compresses
+its cross-worker transfers like every other builder (see
+`compression.Wire`). Only NCCL itself across devices that `same_worker`
+calls different workers (fake workers) refuses compression.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_crossdevice import _tf_internal
+from tf_crossdevice._builders import compression as compression_lib
 from tf_crossdevice._builders import protocol
 from tf_crossdevice._builders import reduction_to_one_device as one_device
 from tf_crossdevice._schedules import devices as devices_lib
@@ -41,10 +49,19 @@ def nccl_unavailable_reason(devices: Sequence[str]) -> str | None:
     return None
 
 
-def nccl_all_reduce(tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+def nccl_all_reduce(
+    tensors: Sequence[tf.Tensor],
+    *,
+    compression: str | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
+) -> list[tf.Tensor]:
     """All-reduce (sum) with NCCL, or on one device where NCCL cannot run.
 
     Returns one sum per input, the i-th on `tensors[i].device`.
+
+    `compression` and `same_worker` apply to the one-device fallback (see
+    the module docstring); with NCCL itself across workers `compression`
+    raises ValueError.
 
     >>> devices = tf_crossdevice.testing.cpu_devices(2)
     >>> tensors = []
@@ -58,6 +75,16 @@ def nccl_all_reduce(tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         raise ValueError("tensors: expected at least one tensor, got none")
     devices = [t.device for t in tensors]
     reason = nccl_unavailable_reason(devices) if len(tensors) > 1 else None
+    wire = compression_lib.Wire(
+        devices, tensors[0].dtype, compression, same_worker
+    )
+    if wire.active and reason is None:
+        raise ValueError(
+            f"compression: {compression!r} cannot apply to NCCL, which sums "
+            f"in the dtype it is given, across workers ({', '.join(devices)}); "
+            "use compression=None or an all_reduce_spec whose stage across "
+            "workers is not nccl (e.g. 'nccl/xring')"
+        )
     if len(tensors) == 1 or reason is not None:
         if reason is not None:
             logging.log_first_n(
@@ -68,6 +95,11 @@ def nccl_all_reduce(tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
                 reason,
                 devices[0],
             )
+        if wire.active:
+            total = one_device.sum_on_device(
+                [wire.receive(t, devices[0]) for t in tensors], devices[0]
+            )
+            return [wire.copy(total, d) for d in devices]
         return one_device.reduce_to_one_device_all_reduce(tensors)
     if tf.executing_eagerly():
         # Every rank's NcclAllReduce must be launched together; one eager op
@@ -76,12 +108,19 @@ def nccl_all_reduce(tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     return list(_tf_internal.nccl_all_sum(list(tensors)))
 
 
-def builder(shards: int = 1) -> protocol.AllReduceBuilder:
+def builder(
+    shards: int = 1,
+    *,
+    compression: str | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
+) -> protocol.AllReduceBuilder:
     """The registry's factory: `shards` independent NCCL all-reduces."""
 
     def nccl(tensors: Sequence[tf.Tensor], index: int) -> list[tf.Tensor]:
         del index  # NCCL reduces every value alike.
-        return nccl_all_reduce(tensors)
+        return nccl_all_reduce(
+            tensors, compression=compression, same_worker=same_worker
+        )
 
     return protocol.shard_wise(nccl, shards)
 

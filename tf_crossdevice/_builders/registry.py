@@ -11,6 +11,12 @@ Adding an algorithm: write a module with a factory `builder(shards) ->
 AllReduceBuilder` and add one line to `_FACTORIES` (or call `register`);
 tests/builders_test.py then runs the builder contract on it.
 
+Compression: `build(..., compression='bf16' | 'fp16')` makes float32 and
+float64 values cross workers as 16 bits (see `compression`); for
+'inner/outer' only the outer stage compresses. The built-in factories take
+`compression=` and `same_worker=` keywords; a registered one that does not
+is refused with compression.
+
 >>> from tf_crossdevice._builders import registry
 >>> all_reduce = registry.build("pscpu/xring", shards=2)
 >>> tensors = []
@@ -28,9 +34,10 @@ ValueError: alg: unknown algorithm 'xrign'; expected one of hierarchical_copy, n
 from __future__ import annotations
 
 import re
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from tf_crossdevice import _checks
+from tf_crossdevice._builders import compression as compression_lib
 from tf_crossdevice._builders import (
     halving_doubling,
     hierarchical_copy,
@@ -53,6 +60,9 @@ _FACTORIES: dict[str, BuilderFactory] = {
     "rechd": halving_doubling.builder,
     "xring": ring.builder,
 }
+
+# Built-in factories: these take the compression= and same_worker= keywords.
+_COMPRESSING = frozenset(_FACTORIES)
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*", re.ASCII)
 
@@ -120,6 +130,8 @@ def build(
     shards: int = 1,
     *,
     group_devices: two_level.GroupDevices | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
+    compression: str | None = None,
     argument: str = "alg",
 ) -> AllReduceBuilder:
     """The builder for algorithm `name` with `shards` shards.
@@ -129,16 +141,24 @@ def build(
         shards: parallel sub-all-reduces; for 'inner/outer', of the outer
             stage (the inner one has one shard, as in TensorFlow 1).
         group_devices: for 'inner/outer' only: devices -> positions per
-            worker (default: by job, replica and task).
+            worker (default: `same_worker`'s grouping, else by job, replica
+            and task).
+        same_worker: the "same worker?" predicate, (device, device) ->
+            bool; default by job, replica and task. Tests fake workers.
+        compression: None, 'bf16' or 'fp16': float32 and float64 values
+            crossing workers travel as 16 bits (the outer stage of
+            'inner/outer').
         argument: the caller's name for `name`, for error messages.
 
     Raises:
-        ValueError: an unknown name, `shards` less than 1, or
-            `group_devices` with a single-level name.
+        ValueError: an unknown name, `shards` less than 1, `group_devices`
+            with a single-level name, a bad `compression`, or compression
+            with a registered algorithm that does not support it.
         TypeError: `shards` is not an int.
     """
     check_algorithm(name, argument)
     _checks.positive_int(shards, "shards")
+    compression = compression_lib.check_compression(compression)
     parts = spec_lib.split_two_level(name)
     if parts is None:
         if group_devices is not None:
@@ -146,8 +166,29 @@ def build(
                 f"group_devices: only 'inner/outer' algorithms group devices "
                 f"into workers; {name!r} has one level"
             )
-        return _FACTORIES[name](shards)
+        return _make(name, shards, compression, same_worker)
     inner, outer = parts
     return two_level.builder(
-        _FACTORIES[inner](1), _FACTORIES[outer](shards), group_devices
+        _FACTORIES[inner](1),
+        _make(outer, shards, compression, same_worker),
+        group_devices,
+        same_worker,
     )
+
+
+def _make(
+    name: str,
+    shards: int,
+    compression: str | None,
+    same_worker: compression_lib.SameWorker | None,
+) -> AllReduceBuilder:
+    if compression is None and same_worker is None:
+        return _FACTORIES[name](shards)
+    if name not in _COMPRESSING:
+        raise ValueError(
+            f"compression: algorithm {name!r} was registered without "
+            f"compression support; expected None, or one of "
+            f"{', '.join(sorted(_COMPRESSING))}"
+        )
+    factory: Any = _FACTORIES[name]
+    return factory(shards, compression=compression, same_worker=same_worker)

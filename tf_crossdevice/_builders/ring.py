@@ -17,11 +17,13 @@ bfloat16, 1e-5 for float32, 1e-12 for float64). Integer sums are exact.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import tensorflow as tf
 
 from tf_crossdevice._builders import _flat, protocol
+from tf_crossdevice._builders import compression as compression_lib
 from tf_crossdevice._schedules import ring
 
 
@@ -29,7 +31,11 @@ from tf_crossdevice._schedules import ring
 # and converting them would cost seconds per trace.
 @tf.autograph.experimental.do_not_convert
 def ring_all_reduce(
-    tensors: Sequence[tf.Tensor], num_shards: int = 1
+    tensors: Sequence[tf.Tensor],
+    num_shards: int = 1,
+    *,
+    compression: str | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
 ) -> list[tf.Tensor]:
     """Sums `tensors` elementwise with `num_shards` parallel rings.
 
@@ -40,6 +46,10 @@ def ring_all_reduce(
         tensors: one dense tensor per device, same shape and dtype (one of
             `_flat.SUPPORTED_DTYPES`); a tensor's device is `t.device`.
         num_shards: number of independent rings the data is split between.
+        compression: None, 'bf16' or 'fp16': float32 and float64 values
+            crossing workers travel as 16 bits (see `compression.Wire`).
+        same_worker: the "same worker?" predicate for `compression`;
+            default by job, replica and task.
 
     Returns:
         The sum, one tensor per input: the i-th on `tensors[i].device`, with
@@ -67,6 +77,9 @@ def ring_all_reduce(
     tensors = _flat.check_inputs(tensors, num_shards)
     n = len(tensors)
     devices = [t.device for t in tensors]
+    wire = compression_lib.Wire(
+        devices, tensors[0].dtype, compression, same_worker
+    )
     with tf.name_scope("ring_all_reduce"):
         if n == 1:
             with tf.device(devices[0]):
@@ -79,9 +92,11 @@ def ring_all_reduce(
                 c = offset + t.chunk
                 with tf.device(devices[t.dst]):
                     if add:
-                        value = chunks[t.dst][c] + chunks[t.src][c]
+                        value = chunks[t.dst][c] + wire.receive(
+                            chunks[t.src][c], devices[t.dst]
+                        )
                     else:
-                        value = tf.identity(chunks[t.src][c])
+                        value = wire.copy(chunks[t.src][c], devices[t.dst])
                 received.append((t.dst, c, value))
             for dst, c, value in received:
                 chunks[dst][c] = value
@@ -91,9 +106,23 @@ def ring_all_reduce(
                 run(step, shard * n, add=True)
             for step in ring.all_gather_steps(order):
                 run(step, shard * n, add=False)
-        return [_flat.join_flat(chunks[i], like=tensors[i]) for i in range(n)]
+        return [
+            _flat.join_flat([wire.settle(c) for c in chunks[i]], tensors[i])
+            for i in range(n)
+        ]
 
 
-def builder(shards: int = 1) -> protocol.AllReduceBuilder:
+def builder(
+    shards: int = 1,
+    *,
+    compression: str | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
+) -> protocol.AllReduceBuilder:
     """The registry's factory: `ring_all_reduce` with `shards` rings."""
-    return protocol.bind_shards(ring_all_reduce, shards)
+    return protocol.bind_shards(
+        functools.partial(
+            ring_all_reduce, compression=compression, same_worker=same_worker
+        ),
+        shards,
+        chunks=lambda n: n,
+    )

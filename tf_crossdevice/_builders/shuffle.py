@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tf_crossdevice._builders import _flat, protocol
+from tf_crossdevice._builders import compression as compression_lib
 from tf_crossdevice._schedules import devices as devices_lib
 from tf_crossdevice._schedules import shuffle as shuffle_schedule
 
@@ -55,6 +56,9 @@ def shuffle_all_reduce(
     tensors: Sequence[tf.Tensor],
     gather_devices: Sequence[str],
     num_shards: int = 1,
+    *,
+    compression: str | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
 ) -> list[tf.Tensor]:
     """Sums `tensors` elementwise by gathering shards on `gather_devices`.
 
@@ -78,6 +82,10 @@ def shuffle_all_reduce(
             '/device:CPU:0' (pscpu) or the GPUs (psgpu). May include the
             devices of `tensors`.
         num_shards: how many shards each tensor is cut into, at least 1.
+        compression: None, 'bf16' or 'fp16': float32 and float64 values
+            crossing workers travel as 16 bits (see `compression.Wire`).
+        same_worker: the "same worker?" predicate for `compression`;
+            default by job, replica and task.
 
     Returns:
         The sums: element i is on `tensors[i].device` with the shape and
@@ -127,6 +135,12 @@ def shuffle_all_reduce(
                 outputs.append(tf.identity(t))
         return outputs
 
+    wire = compression_lib.Wire(
+        [t.device for t in tensors] + list(gather_devices),
+        tensors[0].dtype,
+        compression,
+        same_worker,
+    )
     shards_per_device = []
     for t in tensors:
         with tf.device(t.device):
@@ -145,13 +159,20 @@ def shuffle_all_reduce(
     for j, owner in enumerate(owners):
         if sizes[j] == 0:
             continue
-        with tf.device(gather_devices[owner]):
-            sums.append(tf.add_n([shards[j] for shards in shards_per_device]))
+        gather = gather_devices[owner]
+        with tf.device(gather):
+            sums.append(
+                tf.add_n(
+                    [wire.receive(s[j], gather) for s in shards_per_device]
+                )
+            )
 
     outputs = []
     for t in tensors:
+        # Compressed, each sum is encoded once and decoded on every device.
+        here = [wire.copy(s, t.device) for s in sums] if wire.active else sums
         with tf.device(t.device):
-            flat = sums[0] if len(sums) == 1 else tf.concat(sums, 0)
+            flat = here[0] if len(here) == 1 else tf.concat(here, 0)
             if num_elements is None and num_shards > 1:
                 flat = flat[: tf.size(t)]
             shape = t.shape if t.shape.is_fully_defined() else tf.shape(t)
@@ -179,21 +200,43 @@ def _distinct(devices) -> list[str]:
     return list(dict.fromkeys(devices))
 
 
-def pscpu_builder(shards: int = 1) -> protocol.AllReduceBuilder:
+def pscpu_builder(
+    shards: int = 1,
+    *,
+    compression: str | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
+) -> protocol.AllReduceBuilder:
     """The registry's "pscpu": gathers on the workers' host CPUs."""
 
     def pscpu(tensors: Sequence[tf.Tensor], num_shards: int):
         cpus = _distinct(worker_cpu(t.device) for t in tensors)
-        return shuffle_all_reduce(tensors, cpus, num_shards)
+        return shuffle_all_reduce(
+            tensors,
+            cpus,
+            num_shards,
+            compression=compression,
+            same_worker=same_worker,
+        )
 
     return protocol.bind_shards(pscpu, shards)
 
 
-def psgpu_builder(shards: int = 1) -> protocol.AllReduceBuilder:
+def psgpu_builder(
+    shards: int = 1,
+    *,
+    compression: str | None = None,
+    same_worker: compression_lib.SameWorker | None = None,
+) -> protocol.AllReduceBuilder:
     """The registry's "psgpu": gathers on the replicas' own devices."""
 
     def psgpu(tensors: Sequence[tf.Tensor], num_shards: int):
         devices = _distinct(t.device for t in tensors)
-        return shuffle_all_reduce(tensors, devices, num_shards)
+        return shuffle_all_reduce(
+            tensors,
+            devices,
+            num_shards,
+            compression=compression,
+            same_worker=same_worker,
+        )
 
     return protocol.bind_shards(psgpu, shards)

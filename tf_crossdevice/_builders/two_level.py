@@ -193,21 +193,52 @@ def two_level_all_reduce(
     return outputs
 
 
+def group_by(same_worker: Callable[[str, str], bool]) -> GroupDevices:
+    """A `GroupDevices` from a "same worker?" predicate.
+
+    >>> group_by(lambda a, b: a[-1] == b[-1])(["x0", "y1", "z0"])
+    [[0, 2], [1]]
+    """
+
+    def grouping(devices: Sequence[str]) -> list[list[int]]:
+        groups: list[list[int]] = []
+        for i, device in enumerate(devices):
+            for group in groups:
+                if same_worker(devices[group[0]], device):
+                    group.append(i)
+                    break
+            else:
+                groups.append([i])
+        return groups
+
+    return grouping
+
+
 def builder(
     inner: protocol.AllReduceBuilder,
     outer: protocol.AllReduceBuilder,
     group_devices: GroupDevices | None = None,
+    same_worker: Callable[[str, str], bool] | None = None,
 ) -> protocol.AllReduceBuilder:
     """The two-level builder the registry makes for 'inner/outer' names.
 
     Args:
         inner: the builder within each worker.
-        outer: the builder across one representative per worker.
+        outer: the builder across one representative per worker (the one
+            that compresses, when the registry builds it with compression).
         group_devices: the tensors' devices -> positions per worker; default
+            `group_by(same_worker)` if `same_worker` is given, else
             `workers.group_by_worker` (by job, replica and task). Tests pass
             fake workers made of local devices.
+        same_worker: the "same worker?" predicate (see `group_devices`).
     """
-    grouping = group_devices or workers.group_by_worker
+    grouping: GroupDevices
+    if group_devices is not None:
+        grouping = group_devices
+    elif same_worker is not None:
+        grouping = group_by(same_worker)
+    else:
+        grouping = workers.group_by_worker
 
     def two_level(tensors: Sequence[tf.Tensor], index: int) -> list[tf.Tensor]:
         tensors = _flat.check_inputs(tensors, num_shards=1)

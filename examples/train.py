@@ -1,0 +1,368 @@
+r"""Trains a Keras model data-parallel with tf_crossdevice: every mode, one job.
+
+With no flags this is README's main job: it starts 2 local worker processes
+on 127.0.0.1 with 2 logical CPU devices each, and they train a small
+ResNet-style CNN between-graph (`tf_crossdevice.MultiWorkerMirroredStrategy`
+with `HierarchicalCollectiveAllReduce`) on a learnable synthetic task with
+Keras `model.fit`, write TensorBoard scalars and checkpoints to a fresh
+--model_dir, print progress and a closing summary, and stop.
+
+    python examples/train.py                       # the main job
+    python examples/train.py --mode=in_graph       # MultiWorkerAllReduce
+    python examples/train.py --mode=mirrored --cross_device_ops=SpecAllReduce \
+        --all_reduce_spec=pscpu:32k:xring --loop=custom
+
+Modes:
+  mirrored    one process, tf.distribute.MirroredStrategy over
+              --devices_per_worker local devices, any single-worker class.
+  collective  between-graph, one process per worker (--job_name=worker or
+              chief, --task_index; or TF_CONFIG). Without --job_name the job
+              starts --num_workers local workers itself.
+  in_graph    a controller (--job_name=controller) drives worker servers
+              (--job_name=worker) with MultiWorkerAllReduce; without
+              --job_name the job starts local worker servers and drives them.
+
+On real hosts run one command per host with the same --worker_hosts (see
+README.md). Bad flags and bad combinations exit with status 1 and a message
+naming the flag.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import train_flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+from train_flags import class_of, cluster_of, has_gpus, task_of  # noqa: E402
+
+
+def total_steps(v: Any, num_train: int) -> int:
+    """--steps, or --epochs in steps rounded up to whole progress lines."""
+    if not v.epochs:
+        return v.steps
+    steps = -(-v.epochs * num_train // v.batch_size)
+    return -(-steps // v.log_every) * v.log_every
+
+
+def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
+    """The --cross_device_ops object the flags describe."""
+    import tensorflow as tf
+
+    import tf_crossdevice
+
+    name = class_of(v.flag_values_dict())
+    extra: dict[str, Any] = {}
+    if v.compression != "none":
+        extra["compression"] = v.compression
+    packing = {
+        "agg_small_grads_max_bytes": v.agg_small_grads_max_bytes,
+        "agg_small_grads_max_group": v.agg_small_grads_max_group,
+    }
+    if v.num_packs is not None:
+        packing["num_packs"] = v.num_packs
+    if name == "auto":
+        return tf_crossdevice.select_cross_device_ops(devices)
+    if name == "ReductionToOneDevice":
+        return tf_crossdevice.ReductionToOneDevice()
+    if name in ("NcclAllReduce", "HierarchicalCopyAllReduce"):
+        cls = getattr(tf_crossdevice, name)
+        packs = {} if v.num_packs is None else {"num_packs": v.num_packs}
+        return cls(**packs)
+    if name == "AllReduceCrossDeviceOps":
+        return tf_crossdevice.AllReduceCrossDeviceOps(
+            v.all_reduce_spec or "hierarchical_copy", **packing
+        )
+    if name == "SpecAllReduce":
+        return tf_crossdevice.SpecAllReduce(
+            v.all_reduce_spec or "xring", **packing, **extra
+        )
+    options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=v.bytes_per_pack,
+        timeout_seconds=v.timeout_seconds,
+        implementation=getattr(
+            tf.distribute.experimental.CommunicationImplementation,
+            v.implementation,
+        ),
+    )
+    if name == "CollectiveAllReduce":
+        return tf_crossdevice.CollectiveAllReduce(options=options, **extra)
+    local = None
+    if v.all_reduce_spec is not None:
+        local = tf_crossdevice.SpecAllReduce(v.all_reduce_spec, **packing)
+    return tf_crossdevice.HierarchicalCollectiveAllReduce(
+        local, options=options, **extra
+    )
+
+
+def local_devices(n: int) -> list[str]:
+    """n GPUs, or n logical CPUs without GPUs; call before TF runs ops."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        if len(gpus) < n:
+            raise app.UsageError(
+                f"--devices_per_worker: {n} but this machine has "
+                f"{len(gpus)} GPU(s)"
+            )
+        return [f"/gpu:{i}" for i in range(n)]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * n
+    )
+    return [f"/cpu:{i}" for i in range(n)]
+
+
+def load_data(v: Any) -> Any:
+    import train_data
+
+    if v.data_dir:
+        return train_data.from_directory(v.data_dir, v.image_size, v.seed)
+    return train_data.synthetic(
+        v.image_size, v.num_classes, v.num_examples, v.seed
+    )
+
+
+def loop_config(v: Any, data: Any) -> Any:
+    import train_loops
+
+    return train_loops.Config(
+        loop=v.loop or ("custom" if v.mode == "in_graph" else "fit"),
+        model=v.model,
+        depth=v.depth,
+        width=v.width,
+        steps=total_steps(v, data.num_train),
+        batch_size=v.batch_size,
+        learning_rate=v.learning_rate,
+        log_every=v.log_every,
+        seed=v.seed,
+        model_dir=v.model_dir,
+        timeout_seconds=v.timeout_seconds,
+    )
+
+
+def run_mirrored(v: Any) -> int:
+    import tensorflow as tf
+    import train_loops
+
+    devices = local_devices(v.devices_per_worker)
+    ops = make_cross_device_ops(v, devices)
+    strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
+    print(f"mode=mirrored: {len(devices)} devices, {type(ops).__name__}")
+    data = load_data(v)
+    print(f"data: {data.description}", flush=True)
+    print(
+        train_loops.train_with_strategy(
+            strategy, loop_config(v, data), data, is_chief=True, task=0
+        ),
+        flush=True,
+    )
+    return 0
+
+
+def run_collective_worker(v: Any) -> int:
+    import tensorflow as tf
+    import train_loops
+
+    import tf_crossdevice
+
+    job, index = task_of(v.flag_values_dict())
+    if v.cluster_spec or v.worker_hosts:
+        cluster, _ = cluster_of(v.flag_values_dict())
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(cluster),
+            task_type=job,
+            task_id=index,
+            rpc_layer="grpc",
+        )
+    else:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    devices = local_devices(v.devices_per_worker)
+    ops = make_cross_device_ops(v)
+    strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+        cross_device_ops=ops,
+        cluster_resolver=resolver,
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=v.timeout_seconds
+        ),
+        local_devices=devices,
+    )
+    is_chief = (job == "chief") or (
+        job == "worker"
+        and index == 0
+        and "chief" not in resolver.cluster_spec().jobs
+    )
+    if is_chief:
+        workers = strategy.num_replicas_in_sync // len(devices)
+        print(
+            f"mode=collective: {workers} workers x {len(devices)} devices, "
+            f"{type(ops).__name__}",
+            flush=True,
+        )
+    data = load_data(v)
+    if is_chief:
+        print(f"data: {data.description}", flush=True)
+    summary = train_loops.train_with_strategy(
+        strategy,
+        loop_config(v, data),
+        data,
+        is_chief=is_chief,
+        task=index,
+    )
+    if is_chief:
+        print(summary, flush=True)
+    return 0
+
+
+def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
+    import tensorflow as tf
+    import train_loops
+
+    import tf_crossdevice
+    from tf_crossdevice import multi_worker
+
+    device_type = "GPU" if has_gpus() else "CPU"
+    replicas = multi_worker.WorkerReplicas(
+        cluster,
+        replicas_per_worker=v.devices_per_worker,
+        device_type=device_type,
+    )
+    spec = v.all_reduce_spec or "pscpu/pscpu#2"
+    extra = {} if v.compression == "none" else {"compression": v.compression}
+    ops = tf_crossdevice.MultiWorkerAllReduce(
+        replicas.worker_devices,
+        v.devices_per_worker if device_type == "GPU" else 0,
+        spec,
+        num_packs=v.num_packs or 0,
+        agg_small_grads_max_bytes=v.agg_small_grads_max_bytes,
+        agg_small_grads_max_group=v.agg_small_grads_max_group,
+        **extra,
+    )
+    print(
+        f"mode=in_graph: {len(replicas.worker_devices)} workers x "
+        f"{v.devices_per_worker} devices, MultiWorkerAllReduce "
+        f"all_reduce_spec={spec!r}",
+        flush=True,
+    )
+    with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+        data = load_data(v)
+    print(f"data: {data.description}", flush=True)
+    print(
+        train_loops.train_in_graph(replicas, ops, loop_config(v, data), data),
+        flush=True,
+    )
+    return 0
+
+
+def serve_in_graph_worker(v: Any, cluster: dict[str, list[str]]) -> int:
+    """A worker server of an in-graph job; serves until it is stopped."""
+    import tensorflow as tf
+
+    local_devices(v.devices_per_worker)
+    config = tf.compat.v1.ConfigProto(
+        device_count={"CPU": v.devices_per_worker}
+    )
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster),
+        job_name="worker",
+        task_index=v.task_index,
+        config=config,
+    )
+    print(f"worker {v.task_index} serving at {server.target}", flush=True)
+    server.join()
+    return 0
+
+
+def launch_collective(v: Any) -> int:
+    """Starts --num_workers local workers running this job; their status."""
+    from tf_crossdevice import launch
+
+    argv = [
+        sys.executable,
+        os.path.abspath(__file__),
+        *sys.argv[1:],
+        "--job_name=worker",
+        f"--model_dir={v.model_dir}",
+    ]
+    start = time.perf_counter()
+    print(f"starting {v.num_workers} local workers on 127.0.0.1", flush=True)
+    codes = launch.run_local_job(
+        argv, v.num_workers, env={"PYTHONUNBUFFERED": "1"}
+    )
+    failed = next((c for c in codes if c != 0), 0)
+    print(
+        f"workers stopped (exit statuses {codes}); wall time "
+        f"{time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
+    return 1 if failed else 0
+
+
+def launch_in_graph(v: Any) -> int:
+    """Starts local worker servers and drives them from this process."""
+    from tf_crossdevice import cluster as cluster_lib
+
+    start = time.perf_counter()
+    with cluster_lib.start_local_cluster(
+        v.num_workers, cpus_per_worker=v.devices_per_worker
+    ) as local:
+        print(
+            f"started {local.num_workers} local worker servers: "
+            f"{json.dumps(local.cluster_spec.as_dict())}",
+            flush=True,
+        )
+        code = run_in_graph_controller(v, local.cluster_spec.as_dict())
+        # Functions and variables placed on the workers are released while
+        # the workers still answer; later, TensorFlow would log an error for
+        # each one it can no longer release remotely.
+        gc.collect()
+    print(
+        f"workers stopped; wall time {time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
+    # The eager context still names the stopped workers: leave without
+    # tearing it down (which would try to reach them).
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    v = flags.FLAGS
+    if not v["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # TF logs configs at INFO.
+    if not v.model_dir:
+        v.model_dir = tempfile.mkdtemp(prefix="tf_crossdevice_train_")
+    job, _ = task_of(v.flag_values_dict())
+    if job is None:
+        print(
+            f"model_dir: {v.model_dir} (tensorboard --logdir={v.model_dir})",
+            flush=True,
+        )
+    if v.mode == "mirrored":
+        return run_mirrored(v)
+    if v.mode == "collective":
+        if job is None:
+            return launch_collective(v)
+        return run_collective_worker(v)
+    cluster, _ = cluster_of(v.flag_values_dict())
+    if job is None:
+        return launch_in_graph(v)
+    assert cluster is not None
+    if job == "worker":
+        return serve_in_graph_worker(v, cluster)
+    return run_in_graph_controller(v, cluster)
+
+
+if __name__ == "__main__":
+    train_flags.define_flags()
+    app.run(main)

@@ -1,0 +1,465 @@
+"""The example job's flags and their checks (absl validators).
+
+Every check is a pure function of the flag values and raises
+`flags.ValidationError` with a message that names the flag, so that the job
+exits with status 1 before it starts anything. `define_flags` defines the
+flags on a FlagValues (absl's FLAGS by default) with one validator over
+the flags that combine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from absl import flags
+
+MODES = ("mirrored", "collective", "in_graph")
+LOOPS = ("fit", "custom")
+JOBS = ("worker", "chief", "controller")
+# --cross_device_ops per mode; the first is the mode's default.
+CLASSES = {
+    "mirrored": (
+        "auto",
+        "ReductionToOneDevice",
+        "AllReduceCrossDeviceOps",
+        "NcclAllReduce",
+        "HierarchicalCopyAllReduce",
+        "SpecAllReduce",
+    ),
+    "collective": ("HierarchicalCollectiveAllReduce", "CollectiveAllReduce"),
+    "in_graph": ("MultiWorkerAllReduce",),
+}
+# Classes whose constructors take these flags.
+TAKES_SPEC = (
+    "AllReduceCrossDeviceOps",
+    "SpecAllReduce",
+    "MultiWorkerAllReduce",
+    "HierarchicalCollectiveAllReduce",
+)
+TAKES_COMPRESSION = (
+    "SpecAllReduce",
+    "MultiWorkerAllReduce",
+    "CollectiveAllReduce",
+    "HierarchicalCollectiveAllReduce",
+)
+COMPRESSIONS = ("none", "bf16", "fp16")
+IMPLEMENTATIONS = ("AUTO", "RING", "NCCL")
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines the job's flags and validators on `fv`."""
+    d = flags
+    d.DEFINE_enum(
+        "mode", "collective", MODES, "How replicas meet.", flag_values=fv
+    )
+    d.DEFINE_enum(
+        "loop",
+        None,
+        LOOPS,
+        "Keras model.fit or a custom loop (default: fit; in_graph: custom).",
+        flag_values=fv,
+    )
+    d.DEFINE_enum(
+        "model",
+        "cnn",
+        ("cnn", "dense"),
+        "ResNet-style CNN or a dense model.",
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "depth",
+        2,
+        "Residual blocks (cnn) or hidden layers (dense).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "width",
+        16,
+        "Channels (cnn) or units (dense).",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    d.DEFINE_string(
+        "data_dir",
+        "",
+        "Image folder (one sub-folder per class) or *.tfrecord files; "
+        "empty: synthetic data.",
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "image_size",
+        16,
+        "Images are resized to this side.",
+        lower_bound=4,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "num_classes",
+        4,
+        "Classes of the synthetic task.",
+        lower_bound=2,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "num_examples",
+        8192,
+        "Training examples of the synthetic task.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    d.DEFINE_enum(
+        "job_name",
+        None,
+        JOBS,
+        "This process's role; empty: start the whole job locally.",
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "task_index",
+        None,
+        "This task's index in its job (default: from TF_CONFIG).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    d.DEFINE_list(
+        "worker_hosts",
+        [],
+        "host:port of every worker, comma-separated.",
+        flag_values=fv,
+    )
+    d.DEFINE_string(
+        "cluster_spec",
+        "",
+        'JSON cluster, e.g. {"chief": ["h0:2222"], "worker": ["h1:2222"]}.',
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "num_workers",
+        2,
+        "Local workers to start (without --worker_hosts).",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "devices_per_worker",
+        2,
+        "Replicas per worker: GPUs, or logical CPUs without GPUs.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    d.DEFINE_string(
+        "cross_device_ops",
+        None,
+        "The tf_crossdevice class: "
+        + "; ".join(f"{m}: {', '.join(c)}" for m, c in CLASSES.items())
+        + " (first: default).",
+        flag_values=fv,
+    )
+    d.DEFINE_string(
+        "all_reduce_spec",
+        None,
+        "all_reduce_spec (e.g. xring, pscpu:32k:xring#2); for "
+        "HierarchicalCollectiveAllReduce, the local sum's.",
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "num_packs",
+        None,
+        "Concat-and-split packs (class default when unset).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "agg_small_grads_max_bytes",
+        0,
+        "Aggregate tensors of at most this many bytes.",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "agg_small_grads_max_group",
+        10,
+        "At most this many tensors per aggregate.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "bytes_per_pack",
+        0,
+        "Collectives: bytes per pack (0: the class chooses).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    d.DEFINE_float(
+        "timeout_seconds",
+        300.0,
+        "Fail a collective, a start-up or an in-graph step that waits longer.",
+        lower_bound=1e-3,
+        flag_values=fv,
+    )
+    d.DEFINE_enum(
+        "implementation",
+        "AUTO",
+        IMPLEMENTATIONS,
+        "Collective implementation.",
+        flag_values=fv,
+    )
+    d.DEFINE_enum(
+        "compression",
+        "none",
+        COMPRESSIONS,
+        "Gradients on the wire in 16 bits (bf16, fp16).",
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "steps",
+        400,
+        "Training steps (global batches).",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "epochs",
+        0,
+        "If > 0: train this many epochs (sets --steps).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "batch_size",
+        64,
+        "Global batch: examples per step over every replica.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    d.DEFINE_float(
+        "learning_rate",
+        0.1,
+        "SGD learning rate (momentum 0.9).",
+        lower_bound=0.0,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "log_every",
+        40,
+        "Steps between progress lines and checkpoints.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    d.DEFINE_string(
+        "model_dir",
+        "",
+        "TensorBoard scalars and checkpoints; a restarted job resumes "
+        "from it. Empty: a new temporary folder.",
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "seed",
+        0,
+        "Seeds the data, the teacher and the initial weights.",
+        flag_values=fv,
+    )
+    _register_validators(fv)
+
+
+# ---- Validation (pure functions of the flag values) ------------------------
+
+
+def cluster_of(v: dict[str, Any]) -> tuple[dict[str, list[str]] | None, str]:
+    """The cluster the flags (or TF_CONFIG) describe, and where it came from."""
+    if v["cluster_spec"]:
+        try:
+            spec = json.loads(v["cluster_spec"])
+        except json.JSONDecodeError as e:
+            raise flags.ValidationError(
+                f"--cluster_spec: not JSON ({e}): {v['cluster_spec']!r}"
+            ) from None
+        if not isinstance(spec, dict) or not all(
+            isinstance(t, list) for t in spec.values()
+        ):
+            raise flags.ValidationError(
+                "--cluster_spec: expected a JSON object of job name to a "
+                f"list of host:port, got {v['cluster_spec']!r}"
+            )
+        return spec, "--cluster_spec"
+    if v["worker_hosts"]:
+        return {"worker": list(v["worker_hosts"])}, "--worker_hosts"
+    if os.environ.get("TF_CONFIG"):
+        config = json.loads(os.environ["TF_CONFIG"])
+        if config.get("cluster"):
+            return config["cluster"], "TF_CONFIG"
+    return None, ""
+
+
+def task_of(v: dict[str, Any]) -> tuple[str | None, int | None]:
+    """This process's (job, index): the flags, else TF_CONFIG's task."""
+    job, index = v["job_name"], v["task_index"]
+    if os.environ.get("TF_CONFIG"):
+        task = json.loads(os.environ["TF_CONFIG"]).get("task", {})
+        job = job or task.get("type")
+        index = index if index is not None else task.get("index")
+    return job, index
+
+
+def num_replicas(v: dict[str, Any]) -> tuple[int, str]:
+    """How many replicas share a global batch, and how that was counted."""
+    per = v["devices_per_worker"]
+    if v["mode"] == "mirrored":
+        return per, f"{per} devices_per_worker"
+    cluster, _ = cluster_of(v)
+    workers = (
+        len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+        if cluster
+        else v["num_workers"]
+    )
+    return workers * per, f"{workers} workers x {per} devices_per_worker"
+
+
+def class_of(v: dict[str, Any]) -> str:
+    return v["cross_device_ops"] or CLASSES[v["mode"]][0]
+
+
+def spec_algorithms(spec: str) -> list[str]:
+    """The single-level algorithm names of a valid spec."""
+    from tf_crossdevice._builders import registry
+    from tf_crossdevice._schedules import spec as spec_lib
+
+    parsed = spec_lib.parse_all_reduce_spec(spec, registry.algorithm_names())
+    return [name for r in parsed for name in r.alg.split("/")]
+
+
+def has_gpus() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def check_flags(v: dict[str, Any]) -> None:
+    """Raises flags.ValidationError naming the flag for a bad combination."""
+    mode, name = v["mode"], class_of(v)
+    if name not in CLASSES[mode]:
+        raise flags.ValidationError(
+            f"--cross_device_ops: {name!r} is not a class of --mode={mode}; "
+            f"expected one of {', '.join(CLASSES[mode])}"
+        )
+    if v["loop"] == "fit" and mode == "in_graph":
+        raise flags.ValidationError(
+            "--loop: --mode=in_graph trains with a custom loop (one "
+            "tf.function drives every worker's replicas); use --loop=custom"
+        )
+    job = v["job_name"]
+    allowed_jobs = {
+        "mirrored": (),
+        "collective": ("worker", "chief"),
+        "in_graph": ("worker", "controller"),
+    }[mode]
+    if job is not None and job not in allowed_jobs:
+        raise flags.ValidationError(
+            f"--job_name: {job!r} has no role in --mode={mode}; expected "
+            + (
+                f"one of {', '.join(allowed_jobs)}, or none to start the "
+                "job locally"
+                if allowed_jobs
+                else "none (mirrored runs in one process)"
+            )
+        )
+    if v["cluster_spec"] and v["worker_hosts"]:
+        raise flags.ValidationError(
+            "--worker_hosts: give the cluster once, with --worker_hosts or "
+            "--cluster_spec, not both"
+        )
+    cluster, source = cluster_of(v)
+    job, index = task_of(v)
+    if job is None and (v["worker_hosts"] or v["cluster_spec"]):
+        given = "--worker_hosts" if v["worker_hosts"] else "--cluster_spec"
+        raise flags.ValidationError(
+            f"{given}: a cluster of hosts needs --job_name (and "
+            "--task_index) on each of them; without --job_name the job "
+            "starts its own local workers"
+        )
+    if job in ("worker", "chief") and mode != "mirrored":
+        if cluster is None:
+            raise flags.ValidationError(
+                f"--job_name: a {job} needs the cluster: --worker_hosts, "
+                "--cluster_spec or TF_CONFIG"
+            )
+        if index is None:
+            raise flags.ValidationError(
+                f"--task_index: a {job} needs its index in the cluster "
+                "(or TF_CONFIG's task)"
+            )
+        tasks = len(cluster.get(job, []))
+        if index >= tasks:
+            raise flags.ValidationError(
+                f"--task_index: {index} is not a task of job {job!r}, which "
+                f"has {tasks} task(s) in {source}"
+            )
+    if job == "controller" and cluster is None:
+        raise flags.ValidationError(
+            "--job_name: the controller needs the workers: --worker_hosts "
+            "or --cluster_spec"
+        )
+    if v["all_reduce_spec"] is not None:
+        if name not in TAKES_SPEC:
+            raise flags.ValidationError(
+                f"--all_reduce_spec: --cross_device_ops={name} takes no "
+                f"spec; the classes that do: {', '.join(TAKES_SPEC)}"
+            )
+        try:
+            algorithms = spec_algorithms(v["all_reduce_spec"])
+        except (ValueError, TypeError) as e:
+            raise flags.ValidationError(f"--all_reduce_spec: {e}") from None
+        if name == "AllReduceCrossDeviceOps" and (
+            len(algorithms) != 1 or any(c in v["all_reduce_spec"] for c in ":#")
+        ):
+            raise flags.ValidationError(
+                "--all_reduce_spec: AllReduceCrossDeviceOps takes one "
+                f"algorithm name, got {v['all_reduce_spec']!r}"
+            )
+        local_devices = job != "controller"
+        if "nccl" in algorithms and local_devices and not has_gpus():
+            raise flags.ValidationError(
+                f"--all_reduce_spec: {v['all_reduce_spec']!r} runs NCCL, "
+                "which needs GPUs; this machine's workers have only CPUs "
+                "(try xring, rechd or pscpu)"
+            )
+    if name == "NcclAllReduce" and not has_gpus():
+        raise flags.ValidationError(
+            "--cross_device_ops: NcclAllReduce needs GPUs; this machine has "
+            "only CPUs"
+        )
+    if v["compression"] != "none" and name not in TAKES_COMPRESSION:
+        raise flags.ValidationError(
+            f"--compression: --cross_device_ops={name} does not compress; "
+            f"the classes that do: {', '.join(TAKES_COMPRESSION)}"
+        )
+    replicas, how = num_replicas(v)
+    if v["batch_size"] % replicas:
+        raise flags.ValidationError(
+            f"--batch_size: {v['batch_size']} does not split over {replicas} "
+            f"replicas ({how}); use a multiple of {replicas}"
+        )
+    loop = v["loop"] or ("custom" if mode == "in_graph" else "fit")
+    if loop == "fit" and v["epochs"] == 0 and v["steps"] % v["log_every"]:
+        raise flags.ValidationError(
+            f"--steps: with --loop=fit, {v['steps']} must be a multiple of "
+            f"--log_every={v['log_every']} (one Keras epoch per progress line)"
+        )
+
+
+def _register_validators(fv: flags.FlagValues) -> None:
+    names = [
+        "mode", "loop", "job_name", "task_index", "worker_hosts",
+        "cluster_spec", "num_workers", "devices_per_worker",
+        "cross_device_ops", "all_reduce_spec", "compression", "batch_size",
+        "steps", "epochs", "log_every",
+    ]  # fmt: skip
+
+    def validate(values: dict[str, Any]) -> bool:
+        check_flags(values)
+        return True
+
+    flags.register_multi_flags_validator(names, validate, flag_values=fv)

@@ -1,0 +1,427 @@
+"""The example job's training loops: under a strategy, and in-graph.
+
+`train_with_strategy` trains under `tf.distribute.MirroredStrategy` or
+`tf_crossdevice.MultiWorkerMirroredStrategy` with Keras `model.fit` or a
+custom loop of `strategy.run` steps. `train_in_graph` is the controller of
+an in-graph job: it keeps one copy of the model per replica on the
+workers' devices and all-reduces their gradients with
+`tf_crossdevice.MultiWorkerAllReduce` inside one `tf.function` per step.
+
+Both save a checkpoint (weights, optimizer state, step) at every progress
+line and at the end, and resume from the latest one in the model folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+import train_data
+import train_models
+import train_report
+
+MOMENTUM = 0.9
+_EVAL_BATCH = 256
+
+
+@dataclasses.dataclass
+class Config:
+    """What every loop needs from the flags."""
+
+    loop: str
+    model: str
+    depth: int
+    width: int
+    steps: int
+    batch_size: int
+    learning_rate: float
+    log_every: int
+    seed: int
+    model_dir: str
+    timeout_seconds: float
+
+
+def build_model(config: Config, data: train_data.Data) -> keras.Model:
+    keras.utils.set_random_seed(config.seed)
+    return train_models.build(
+        config.model, data.image_size, data.num_classes, config.depth,
+        config.width,
+    )  # fmt: skip
+
+
+def _loss_fn() -> keras.losses.Loss:
+    return keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="none"
+    )
+
+
+def _value(variable: Any) -> Any:
+    """The TensorFlow variable under a Keras variable."""
+    return getattr(variable, "value", variable)
+
+
+def _eval_accuracy(predict: Any, data: train_data.Data) -> float:
+    correct = 0
+    for i in range(0, len(data.eval_labels), _EVAL_BATCH):
+        logits = predict(data.eval_images[i : i + _EVAL_BATCH])
+        guess = np.argmax(np.asarray(logits), axis=1)
+        correct += int(np.sum(guess == data.eval_labels[i : i + _EVAL_BATCH]))
+    return correct / len(data.eval_labels)
+
+
+def _checkpoint_dir(model_dir: str, is_chief: bool, task: int) -> str:
+    # Every worker saves (as TensorFlow's multi-worker examples do); only the
+    # chief's folder is kept, the others write to a scratch folder.
+    if is_chief:
+        return model_dir
+    return os.path.join(model_dir, ".scratch", f"task_{task}")
+
+
+def train_with_strategy(
+    strategy: tf.distribute.Strategy,
+    config: Config,
+    data: train_data.Data,
+    *,
+    is_chief: bool,
+    task: int,
+) -> str:
+    """Trains under `strategy`; returns the closing summary."""
+    global_batch = config.batch_size
+    with strategy.scope():
+        model = build_model(config, data)
+        optimizer = keras.optimizers.SGD(
+            config.learning_rate, momentum=MOMENTUM
+        )
+        optimizer.build(model.trainable_variables)
+        if config.loop == "fit":
+            model.compile(
+                optimizer=optimizer,
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True
+                ),
+                metrics=["accuracy"],
+                jit_compile=False,
+            )
+    checkpoint = tf.train.Checkpoint(
+        weights=[_value(v) for v in model.weights],
+        optimizer=[_value(v) for v in optimizer.variables],
+    )
+    save_dir = _checkpoint_dir(config.model_dir, is_chief, task)
+    manager = tf.train.CheckpointManager(checkpoint, save_dir, max_to_keep=2)
+    latest = tf.train.latest_checkpoint(config.model_dir)
+    if latest:
+        checkpoint.restore(latest).assert_existing_objects_matched()
+    start = int(optimizer.iterations.numpy())
+    if is_chief:
+        if latest:
+            print(f"resumed from step {start} ({latest})", flush=True)
+        params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+        print(
+            f"model {model.name}: {params} parameters; "
+            f"{strategy.num_replicas_in_sync} replicas; global batch "
+            f"{global_batch}; loop={config.loop}",
+            flush=True,
+        )
+    reporter = train_report.Reporter(
+        global_batch,
+        start,
+        config.steps,
+        os.path.join(config.model_dir, "train") if is_chief else None,
+        verbose=is_chief,
+    )
+
+    def save(step: int) -> None:
+        manager.save(checkpoint_number=step)
+        if is_chief:
+            print(f"checkpoint saved at step {step}", flush=True)
+
+    dataset = train_data.dataset(
+        data, global_batch, config.seed, start, config.steps
+    )
+    if start < config.steps:
+        if config.loop == "fit":
+            _fit(model, dataset, config, start, reporter, save)
+        else:
+            _custom_loop(
+                strategy, model, optimizer, dataset, config, reporter, save
+            )
+
+    replicas_equal = _replicas_equal(strategy, model)
+    weights = [np.asarray(v.numpy()) for v in model.weights]
+    eval_accuracy = _eval_accuracy(lambda x: model(x, training=False), data)
+    reporter.write_eval(config.steps, eval_accuracy)
+    if not is_chief:
+        shutil.rmtree(save_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # The last worker's to go.
+            os.rmdir(os.path.dirname(save_dir))
+    return train_report.summary(
+        reporter,
+        eval_accuracy,
+        len(data.eval_labels),
+        replicas_equal,
+        strategy.num_replicas_in_sync,
+        train_report.weights_digest(weights),
+        config.model_dir,
+    )
+
+
+def _fit(model, dataset, config, start, reporter, save) -> None:
+    """model.fit, one Keras epoch per progress line."""
+
+    class Progress(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0 and self._first:
+                reporter.first_step_done()
+                self._first = False
+
+        def on_epoch_end(self, epoch, logs=None):
+            step = (epoch + 1) * config.log_every
+            reporter.record(step, float(logs["loss"]), float(logs["accuracy"]))
+            save(step)
+
+    progress = Progress()
+    progress._first = True
+    model.fit(
+        dataset,
+        epochs=config.steps // config.log_every,
+        initial_epoch=start // config.log_every,
+        steps_per_epoch=config.log_every,
+        callbacks=[progress],
+        shuffle=False,
+        verbose=0,
+    )
+
+
+def _custom_loop(
+    strategy, model, optimizer, dataset, config, reporter, save
+) -> None:
+    """strategy.run steps; the optimizer all-reduces the gradients."""
+    loss_fn = _loss_fn()
+    global_batch = config.batch_size
+
+    def replica_step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.nn.compute_average_loss(
+                loss_fn(labels, logits), global_batch_size=global_batch
+            )
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(
+            zip(grads, model.trainable_variables, strict=True)
+        )
+        guesses = tf.cast(tf.argmax(logits, axis=1), labels.dtype)
+        correct = tf.reduce_sum(tf.cast(guesses == labels, tf.float32))
+        return loss, correct
+
+    @tf.function
+    def step(inputs):
+        loss, correct = strategy.run(replica_step, args=inputs)
+        return (
+            strategy.reduce("sum", loss, axis=None),
+            strategy.reduce("sum", correct, axis=None),
+        )
+
+    losses, correct = [], 0.0
+    step_number = reporter.start_step
+    for inputs in strategy.experimental_distribute_dataset(dataset):
+        loss, right = step(inputs)
+        losses.append(float(loss))
+        correct += float(right)
+        step_number += 1
+        if step_number == reporter.start_step + 1:
+            reporter.first_step_done()
+        if step_number % config.log_every == 0 or step_number == config.steps:
+            reporter.record(
+                step_number,
+                float(np.mean(losses)),
+                correct / (len(losses) * global_batch),
+            )
+            losses, correct = [], 0.0
+            save(step_number)
+
+
+def _replicas_equal(strategy: tf.distribute.Strategy, model) -> bool:
+    """Whether every replica of every worker holds the same weights.
+
+    Each replica hashes its own copy of the weights (their bits, as
+    integers); the hashes are gathered from every replica of every worker.
+    """
+
+    def replica_hash():
+        total = tf.constant(0.0, tf.float64)
+        for v in model.weights:
+            bits = tf.bitcast(tf.reshape(_value(v), [-1]), tf.int32)
+            weight = tf.cast(tf.range(tf.size(bits)) % 997 + 1, tf.float64)
+            total += tf.reduce_sum(tf.cast(bits, tf.float64) * weight)
+        return tf.reshape(total, [1])
+
+    @tf.function
+    def hashes():
+        return strategy.gather(strategy.run(replica_hash), axis=0)
+
+    values = np.asarray(hashes())
+    return bool(np.all(values == values[0]))
+
+
+def train_in_graph(
+    replicas: Any,
+    ops: tf.distribute.CrossDeviceOps,
+    config: Config,
+    data: train_data.Data,
+) -> str:
+    """The controller's loop; returns the closing summary.
+
+    Args:
+        replicas: a `tf_crossdevice.multi_worker.WorkerReplicas`.
+        ops: the cross-device ops that average the gradients.
+    """
+    global_batch = config.batch_size
+    per_replica = global_batch // replicas.num_replicas
+    models, velocities = [], []
+    for device in replicas.devices:
+        with tf.device(device):
+            model = build_model(config, data)
+            velocities.append(
+                [tf.Variable(tf.zeros_like(v)) for v in model.trainable_weights]
+            )
+        models.append(model)
+    for model in models[1:]:
+        model.set_weights(models[0].get_weights())
+    step_var = tf.Variable(0, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(
+        weights=[_value(v) for v in models[0].weights],
+        velocity=velocities[0],
+        step=step_var,
+    )
+    manager = tf.train.CheckpointManager(
+        checkpoint, config.model_dir, max_to_keep=2
+    )
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_consumed()
+        for model, velocity in zip(models[1:], velocities[1:], strict=True):
+            model.set_weights(models[0].get_weights())
+            for v, v0 in zip(velocity, velocities[0], strict=True):
+                v.assign(v0)
+        print(
+            f"resumed from step {int(step_var.numpy())} "
+            f"({manager.latest_checkpoint})",
+            flush=True,
+        )
+    start = int(step_var.numpy())
+    params = sum(int(np.prod(v.shape)) for v in models[0].trainable_variables)
+    print(
+        f"model {models[0].name}: {params} parameters; "
+        f"{replicas.num_replicas} replicas; global batch {global_batch}; "
+        "loop=custom (in-graph)",
+        flush=True,
+    )
+    reporter = train_report.Reporter(
+        global_batch,
+        start,
+        config.steps,
+        os.path.join(config.model_dir, "train"),
+        verbose=True,
+    )
+    loss_fn = _loss_fn()
+    lr = config.learning_rate
+
+    @tf.function
+    def step(images, labels):
+        grads, losses, correct = [], [], []
+        for r, (device, model) in enumerate(
+            zip(replicas.devices, models, strict=True)
+        ):
+            x = images[r * per_replica : (r + 1) * per_replica]
+            y = labels[r * per_replica : (r + 1) * per_replica]
+            with tf.device(device), tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.reduce_mean(loss_fn(y, logits))
+            with tf.device(device):
+                grads.append(tape.gradient(loss, model.trainable_variables))
+                guesses = tf.cast(tf.argmax(logits, axis=1), y.dtype)
+                correct.append(tf.reduce_sum(tf.cast(guesses == y, tf.float32)))
+            losses.append(loss)
+        per_variable = [
+            replicas.per_replica(lambda r, i=i: grads[r][i])
+            for i in range(len(grads[0]))
+        ]
+        means = ops.batch_reduce("mean", [(g, None) for g in per_variable])
+        for r, (device, model) in enumerate(
+            zip(replicas.devices, models, strict=True)
+        ):
+            with tf.device(device):
+                for i, variable in enumerate(model.trainable_variables):
+                    velocity = velocities[r][i]
+                    velocity.assign(MOMENTUM * velocity - lr * _at(means[i], r))
+                    variable.assign_add(velocity)
+        return tf.add_n(losses) / len(losses), tf.add_n(correct)
+
+    rows = train_data.batch_indices(
+        data.num_train, global_batch, config.seed, start, config.steps
+    )
+    batches = tf.data.Dataset.from_tensor_slices(rows).map(
+        lambda idx: tf.map_fn(
+            data.example,
+            idx,
+            fn_output_signature=(
+                tf.TensorSpec([data.image_size, data.image_size, 3]),
+                tf.TensorSpec([], tf.int32),
+            ),
+        )
+    )
+    losses, correct = [], 0.0
+    step_number = start
+    for images, labels in batches.prefetch(2):
+        loss, right = replicas.run(
+            step, images, labels, timeout_seconds=config.timeout_seconds
+        )
+        losses.append(float(loss))
+        correct += float(right)
+        step_number += 1
+        if step_number == start + 1:
+            reporter.first_step_done()
+        if step_number % config.log_every == 0 or step_number == config.steps:
+            reporter.record(
+                step_number,
+                float(np.mean(losses)),
+                correct / (len(losses) * global_batch),
+            )
+            losses, correct = [], 0.0
+            step_var.assign(step_number)
+            manager.save(checkpoint_number=step_number)
+            print(f"checkpoint saved at step {step_number}", flush=True)
+
+    copies = [[np.asarray(w) for w in m.get_weights()] for m in models]
+    replicas_equal = all(
+        all(np.array_equal(a, b) for a, b in zip(c, copies[0], strict=True))
+        for c in copies
+    )
+
+    def predict(x):
+        with tf.device(replicas.devices[0]):
+            return models[0](x, training=False)
+
+    eval_accuracy = _eval_accuracy(predict, data)
+    reporter.write_eval(config.steps, eval_accuracy)
+    return train_report.summary(
+        reporter,
+        eval_accuracy,
+        len(data.eval_labels),
+        replicas_equal,
+        replicas.num_replicas,
+        train_report.weights_digest(copies[0]),
+        config.model_dir,
+    )
+
+
+def _at(value: Any, replica: int) -> Any:
+    """Replica `replica`'s tensor of a reduction's result."""
+    if isinstance(value, tf.distribute.DistributedValues):
+        return value.values[replica]
+    return value

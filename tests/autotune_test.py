@@ -1,0 +1,328 @@
+"""autotune: a verified choice within the budget, cached, numbers vs numpy."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl import logging as absl_logging
+
+import tf_crossdevice
+from tf_crossdevice import _autotune, _measure, testing
+
+# A few small tensors of two dtypes: cheap to trace, every packing applies.
+GRADIENTS = [
+    ((3, 4), "float32"),
+    ((50,), "float32"),
+    ((7,), "float64"),
+    ((2, 2), "float32"),
+    ((5,), "int64"),
+]
+BUDGET = 1.5  # seconds: a handful of candidates at most
+
+
+class PrepareSpy:
+    """Counts the candidates autotune builds (`_measure.prepare` calls)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = _measure.prepare
+
+        def prepare(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(_measure, "prepare", prepare)
+
+
+def batch_sums_like_numpy(ops, devices, gradients=GRADIENTS, seed=0):
+    """Reduces random values of `gradients`' shapes with `ops`; asserts
+    every replica's result is numpy's sum."""
+    rng = np.random.default_rng(seed)
+    arrays = [
+        [
+            rng.integers(-50, 50, size=shape).astype(dtype)
+            for _ in range(len(devices))
+        ]
+        for shape, dtype in gradients
+    ]
+    values = [
+        testing.per_replica([tf.constant(a) for a in per], devices)
+        for per in arrays
+    ]
+    results = ops.batch_reduce("sum", [(v, v) for v in values])
+    for per, result in zip(arrays, results, strict=True):
+        components = result.values
+        assert len(components) == len(devices)
+        for component, device in zip(components, devices, strict=True):
+            assert component.device == device
+            np.testing.assert_array_equal(component.numpy(), np.sum(per, 0))
+
+
+@pytest.mark.parametrize("num_devices", [2, 4])
+def test_tiny_budget_gives_a_verified_choice_that_sums_like_numpy(
+    num_devices, tmp_path, monkeypatch
+):
+    spy = PrepareSpy(monkeypatch)
+    devices = testing.cpu_devices(num_devices)
+    ops = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=BUDGET, cache_dir=tmp_path
+    )
+    result = ops.autotune_result
+    timed = [m for m in result.measurements if m.median_seconds is not None]
+    assert timed and all(m.verified for m in timed)
+    assert spy.calls >= len(timed)
+    fastest = min(timed, key=lambda m: m.median_seconds)
+    assert result.config == fastest.config and not result.from_cache
+    assert type(ops).__name__ == result.config[0]
+    # The candidates left out say why; the budget was the reason.
+    skipped = [m for m in result.measurements if m.verified is None]
+    assert all("budget" in m.error for m in skipped)
+    assert result.complete == (not skipped)
+    batch_sums_like_numpy(ops, devices)
+
+
+def test_second_call_reads_the_cache_and_builds_nothing(tmp_path, monkeypatch):
+    devices = testing.cpu_devices(2)
+    first = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=BUDGET, cache_dir=tmp_path
+    )
+    (cache_file,) = tmp_path.glob("*.json")
+    assert first.autotune_result.cache_file == str(cache_file)
+    stored = json.loads(cache_file.read_text())
+    assert (
+        _autotune._from_json(stored["config"]) == first.autotune_result.config
+    )
+    spy = PrepareSpy(monkeypatch)
+    second = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=BUDGET, cache_dir=tmp_path
+    )
+    assert spy.calls == 0
+    assert second.autotune_result.from_cache
+    assert second.autotune_result.config == first.autotune_result.config
+    assert second is not first
+    batch_sums_like_numpy(second, devices, seed=1)
+
+
+def test_the_cache_key_ignores_device_names_but_not_the_gradients(tmp_path):
+    two = _autotune.Topology.of(testing.cpu_devices(2))
+    other = _autotune.Topology.of(["/cpu:2", "/cpu:3"])
+    four = _autotune.Topology.of(testing.cpu_devices(4))
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    key = _autotune.cache_file
+    assert key(two, grads, tmp_path) == key(other, grads, tmp_path)
+    assert key(two, grads, tmp_path) != key(four, grads, tmp_path)
+    assert key(two, grads, tmp_path) != key(two, grads[::-1], tmp_path)
+
+
+def test_a_keras_model_is_its_trainable_weights(tmp_path, monkeypatch):
+    import keras
+
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+    model.add(keras.layers.Dense(2, use_bias=False))
+    grads = _autotune.normalize_gradients(model)
+    assert grads == [
+        ((6, 3), "float32"),
+        ((3,), "float32"),
+        ((3, 2), "float32"),
+    ]
+    # The same gradients as a list hit the cache the model's call wrote.
+    devices = testing.cpu_devices(2)
+    ops = tf_crossdevice.autotune(
+        model, devices, budget_seconds=0.5, cache_dir=tmp_path
+    )
+    batch_sums_like_numpy(ops, devices, gradients=grads)
+    spy = PrepareSpy(monkeypatch)
+    variables = [tf.Variable(tf.zeros(s, d)) for s, d in grads]
+    again = tf_crossdevice.autotune(
+        variables, devices, budget_seconds=0.5, cache_dir=tmp_path
+    )
+    assert spy.calls == 0 and again.autotune_result.from_cache
+
+
+def test_a_corrupt_cache_file_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    devices = testing.cpu_devices(2)
+    topology = _autotune.Topology.of(devices)
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    path = _autotune.cache_file(topology, grads, tmp_path)
+    path.write_text('{"format": 1, "config": ["NoSuchAllReduce", {}]')
+    warnings = []
+    monkeypatch.setattr(
+        absl_logging,
+        "warning",
+        lambda msg, *args: warnings.append(msg % args),
+    )
+    spy = PrepareSpy(monkeypatch)
+    ops = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=0.5, cache_dir=tmp_path
+    )
+    assert spy.calls >= 1
+    assert len(warnings) == 1 and str(path) in warnings[0]
+    assert "corrupt" in warnings[0]
+    # Rewritten whole (atomically: no temporary file left behind).
+    assert json.loads(path.read_text())["format"] == _autotune.CACHE_FORMAT
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    batch_sums_like_numpy(ops, devices)
+
+
+def test_a_larger_budget_measures_again_when_candidates_were_left_out(
+    tmp_path, monkeypatch
+):
+    devices = testing.cpu_devices(2)
+    topology = _autotune.Topology.of(devices)
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    entry = {
+        "format": _autotune.CACHE_FORMAT,
+        "config": ["ReductionToOneDevice", {}],
+        "label": "ReductionToOneDevice",
+        "budget_seconds": 0.1,
+        "complete": False,
+    }
+    _autotune.write_cache(
+        _autotune.cache_file(topology, grads, tmp_path), entry
+    )
+    spy = PrepareSpy(monkeypatch)
+    ops = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=0.1, cache_dir=tmp_path
+    )
+    assert spy.calls == 0 and type(ops) is tf_crossdevice.ReductionToOneDevice
+    ops = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=0.5, cache_dir=tmp_path
+    )
+    assert spy.calls >= 1 and not ops.autotune_result.from_cache
+
+
+def test_candidates_follow_the_benchmark_without_a_cost_model(monkeypatch):
+    monkeypatch.setattr(_autotune, "cost_model", lambda: None)
+    topology = _autotune.Topology.of(testing.cpu_devices(4))
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    plan = _autotune.ordered(
+        _autotune.candidates(topology, grads), topology, grads
+    )
+    labels = [_autotune.label(c) for c, _ in plan]
+    assert labels[0] == "SpecAllReduce pscpu agg_small=64KiBx1024"
+    assert labels[-1] == "SpecAllReduce rechd"  # unpacked: slowest to trace
+    assert all(p is None for _, p in plan)
+    assert len(set(labels)) == len(labels)
+    # One tensor: one pack or aggregation changes nothing (4 packs split).
+    one = _autotune.candidates(topology, [((8,), "float32")])
+    assert {c[1].get("num_packs") for c in one} == {None, 0, 4}
+    assert all(not c[1].get("agg_small_grads_max_bytes") for c in one)
+
+
+def test_the_cost_model_orders_the_candidates(monkeypatch):
+    """Predicted ones fastest first; those it cannot model keep their order
+    after them."""
+    calls = []
+
+    def predict(config, gradients, *, devices_per_worker, num_workers=1):
+        calls.append((devices_per_worker, num_workers))
+        if config[0] == "ReductionToOneDevice":
+            raise ValueError("config: cannot model ReductionToOneDevice")
+        return 1.0 if config[1].get("num_packs") == 1 else 2.0
+
+    model = types.SimpleNamespace(predict=predict)
+    monkeypatch.setattr(_autotune, "cost_model", lambda: model)
+    topology = _autotune.Topology.of(testing.cpu_devices(4))
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    plan = _autotune.ordered(
+        _autotune.candidates(topology, grads), topology, grads
+    )
+    predicted = [p for _, p in plan]
+    assert predicted[-1] is None and plan[-1][0][0] == "ReductionToOneDevice"
+    assert predicted[:-1] == sorted(predicted[:-1])
+    assert plan[0][0][1]["num_packs"] == 1
+    assert set(calls) == {(4, 1)}
+
+
+def test_workers_get_multi_worker_candidates_and_compression_if_taken(
+    monkeypatch,
+):
+    devices = [
+        f"/job:worker/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)
+    ]
+    topology = _autotune.Topology.of(
+        [tf_crossdevice._base.canonical_device(d, "d") for d in devices]
+    )
+    assert (topology.num_workers, topology.devices_per_worker) == (2, (2, 2))
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    monkeypatch.setattr(_autotune, "compressions", lambda: ())
+    plain = _autotune.candidates(topology, grads)
+    assert {c[0] for c in plain} == {"MultiWorkerAllReduce"}
+    specs = {c[1]["all_reduce_spec"] for c in plain}
+    assert {("pscpu/pscpu", 2, -1), "pscpu/xring", "pscpu", "xring"} <= specs
+    assert not any("compression" in c[1] for c in plain)
+    monkeypatch.setattr(_autotune, "compressions", lambda: ("bf16",))
+    compressed = _autotune.candidates(topology, grads)
+    assert {c[1].get("compression") for c in compressed} == {None, "bf16"}
+    ints = _autotune.candidates(topology, [((4,), "int32"), ((4,), "int64")])
+    assert not any("compression" in c[1] for c in ints)
+
+
+def test_make_ops_builds_each_class_and_refuses_unknown_ones():
+    topology = _autotune.Topology.of(testing.cpu_devices(2))
+    ops = _autotune.make_ops(
+        ("SpecAllReduce", {"all_reduce_spec": ["xring", 2, -1]}), topology
+    )
+    assert ops.all_reduce_spec[0].shards == 2
+    with pytest.raises(ValueError, match="config: unknown class 'Ring'.*"):
+        _autotune.make_ops(("Ring", {}), topology)
+    with pytest.raises(TypeError, match="config: expected"):
+        _autotune.make_ops("xring", topology)
+
+
+def test_compressed_candidates_are_checked_within_the_codecs_rounding():
+    inputs = _measure.Inputs([((6,), "float32"), ((3,), "int64")], ["/cpu:0"])
+    want = [np.asarray(e) for e in inputs.expected]
+    check = inputs.check_close(2**-4)
+    devices = [[inputs.devices[0]]] * 2
+    near = [[want[0] * (1 + 2**-6)], [want[1]]]
+    assert check(near, devices) is None
+    assert "tolerance" in check([[want[0] + 100], [want[1]]], devices)
+    # Integers are never compressed: exact.
+    assert "differ" in check([[want[0]], [want[1] + 1]], devices)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"gradients": []}, ValueError, "gradients: .*empty list"),
+        ({"gradients": "w"}, TypeError, "gradients: expected a Keras model"),
+        ({"gradients": 3}, TypeError, "gradients: expected a Keras model"),
+        ({"gradients": [((2,), "float32"), 5]}, TypeError, r"gradients\[1\]"),
+        (
+            {"gradients": [((None, 2), "float32")]},
+            ValueError,
+            r"gradients\[0\]: shape \(None, 2\) is not fully known",
+        ),
+        ({"gradients": [((2,), "floaty")]}, ValueError, r"gradients\[0\]"),
+        ({"gradients": [[3, 4]]}, TypeError, r"gradients\[0\]: .*dtype"),
+        ({"devices": "/cpu:0"}, TypeError, "devices: expected a list"),
+        ({"devices": []}, ValueError, "devices: expected at least one"),
+        ({"devices": ["/cpu:0", 1]}, TypeError, r"devices\[1\]"),
+        ({"devices": ["/cpu:99"]}, ValueError, r"devices\[0\].*not a device"),
+        ({"devices": ["/cpu:0", "/cpu:0"]}, ValueError, "listed twice"),
+        (
+            {"devices": {"ps": ["a:1"], "chief": ["b:1"]}},
+            ValueError,
+            "no 'worker' job",
+        ),
+        ({"budget_seconds": 0}, ValueError, "budget_seconds: expected"),
+        ({"budget_seconds": "1"}, TypeError, "budget_seconds"),
+        ({"cache_dir": 3}, TypeError, "cache_dir: expected None or a folder"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, error, message, tmp_path):
+    arguments = {
+        "gradients": GRADIENTS,
+        "devices": testing.cpu_devices(2),
+        "budget_seconds": 1,
+        "cache_dir": tmp_path,
+    } | kwargs
+    with pytest.raises(error, match=message):
+        tf_crossdevice.autotune(
+            arguments.pop("gradients"), arguments.pop("devices"), **arguments
+        )

@@ -1,0 +1,964 @@
+"""autotune: time candidate CrossDeviceOps on the real devices, keep the best.
+
+A configuration is a constructor call as plain data, `(class name, kwargs)`
+(the cost model's format, see `tf_crossdevice.cost_model` when installed).
+`autotune` lists the candidates for the topology, orders them (the cost
+model's prediction when that module is importable, else the benchmark's
+findings), builds and checks each against numpy within the time budget,
+times the survivors in interleaved rounds (`_measure`), caches the winner
+in a JSON file and returns it as a ready CrossDeviceOps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib
+import inspect
+import json
+import math
+import os
+import pathlib
+import statistics
+import tempfile
+import time
+import types
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import tensorflow as tf
+from absl import logging
+
+from tf_crossdevice import (
+    _base,
+    _checks,
+    _measure,
+    _multi_worker_ops,
+    _ops,
+    _spec_ops,
+    _tf_internal,
+)
+from tf_crossdevice._schedules import devices as devices_lib
+
+Config: TypeAlias = tuple[str, dict[str, Any]]
+GradientList: TypeAlias = list[tuple[tuple[int, ...], str]]
+
+CACHE_FORMAT = 1
+# Small-tensor aggregation as the benchmark ran it: up to 64 KiB, 1024 a group.
+AGGREGATE = {
+    "agg_small_grads_max_bytes": 64 << 10,
+    "agg_small_grads_max_group": 1024,
+}
+_ROUNDS = 5
+_TARGET_SECONDS = 0.02  # one measurement repeats a step about this long
+_MAX_REPS = 50
+_SAFETY = 1.25  # on estimated build times
+# Rounding error of one transfer, relative (round to nearest).
+_UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Where the replicas are: what autotune's cache key is made of.
+
+    Attributes:
+        devices: the replicas' canonical device names, worker by worker.
+        worker_devices: one '/job:J/replica:R/task:T' per worker.
+        device_type: "CPU", "GPU" (or "CPU/GPU" for a mix).
+        devices_per_worker: replicas on each worker, in worker order.
+    """
+
+    devices: tuple[str, ...]
+    worker_devices: tuple[str, ...]
+    device_type: str
+    devices_per_worker: tuple[int, ...]
+
+    @classmethod
+    def of(cls, devices: Sequence[str]) -> Topology:
+        """The topology of canonical device names (not checked to exist)."""
+        names = [devices_lib.parse_device(d) for d in devices]
+        workers: dict[tuple[str, int, int], int] = {}
+        for name in names:
+            workers[name.worker] = workers.get(name.worker, 0) + 1
+        kinds = sorted({n.device_type or "CPU" for n in names})
+        return cls(
+            devices=tuple(devices),
+            worker_devices=tuple(
+                f"/job:{j}/replica:{r}/task:{t}" for j, r, t in workers
+            ),
+            device_type="/".join(kinds),
+            devices_per_worker=tuple(workers.values()),
+        )
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_devices)
+
+    @property
+    def local_devices(self) -> int:
+        """Replicas per worker (the most any worker has)."""
+        return max(self.devices_per_worker)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One candidate as autotune saw it.
+
+    Attributes:
+        label: e.g. "SpecAllReduce pscpu agg_small=64KiBx1024".
+        config: (class name, kwargs).
+        predicted_seconds: the cost model's prediction (None: none).
+        verified: matched numpy (None: not built, see `error`).
+        error: why it has no time (failed, or skipped for the budget).
+        build_seconds: tracing, the first runs and the check.
+        median_seconds: median over the interleaved rounds.
+    """
+
+    label: str
+    config: Config
+    predicted_seconds: float | None = None
+    verified: bool | None = None
+    error: str | None = None
+    build_seconds: float = 0.0
+    median_seconds: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AutotuneResult:
+    """What `autotune` measured; the returned ops' `autotune_result`.
+
+    Attributes:
+        config: the chosen (class name, kwargs).
+        label: its label.
+        measurements: every candidate, in the order considered.
+        budget_seconds: the budget it was measured with.
+        elapsed_seconds: how long this call took.
+        complete: every candidate was measured.
+        from_cache: read from `cache_file`, nothing measured.
+        cache_file: where the result is cached.
+    """
+
+    config: Config
+    label: str
+    measurements: tuple[Measurement, ...]
+    budget_seconds: float
+    elapsed_seconds: float
+    complete: bool
+    from_cache: bool
+    cache_file: str
+
+
+# --- Arguments -------------------------------------------------------------
+
+_GRADIENTS_ALLOWED = (
+    "expected a Keras model, or a non-empty list of (shape, dtype) pairs, "
+    "tensors or variables"
+)
+
+
+def normalize_gradients(gradients: Any) -> GradientList:
+    """`gradients` as a list of (shape tuple, dtype name) pairs.
+
+    Args:
+        gradients: a Keras model or `tf.Module` (its trainable weights), or
+            a list of (shape, dtype) pairs, tensors or variables (numpy
+            arrays too), all of fully known shape.
+
+    Raises:
+        TypeError: something else; the message names the entry.
+        ValueError: an empty list, an unknown shape or a bad dtype.
+
+    >>> normalize_gradients([((2, 3), "float32"), tf.zeros([4], tf.int64)])
+    [((2, 3), 'float32'), ((4,), 'int64')]
+    """
+    if isinstance(gradients, tf.Module) or hasattr(
+        gradients, "trainable_weights"
+    ):
+        weights = getattr(gradients, "trainable_weights", None)
+        if weights is None:
+            weights = gradients.trainable_variables
+        if not weights:
+            raise ValueError(
+                "gradients: the model has no trainable weights (build it "
+                "first, e.g. by calling it on a batch)"
+            )
+        return [
+            _entry(w, f"gradients (weight {i})") for i, w in enumerate(weights)
+        ]
+    if isinstance(gradients, (str, bytes)) or not isinstance(
+        gradients, Sequence
+    ):
+        raise TypeError(
+            f"gradients: {_GRADIENTS_ALLOWED}, got "
+            f"{type(gradients).__name__} {gradients!r:.80}"
+        )
+    if not gradients:
+        raise ValueError(f"gradients: {_GRADIENTS_ALLOWED}, got an empty list")
+    return [_entry(g, f"gradients[{i}]") for i, g in enumerate(gradients)]
+
+
+def _entry(value: Any, argument: str) -> tuple[tuple[int, ...], str]:
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        shape, dtype = value
+        if isinstance(dtype, int):  # tf.as_dtype would read an enum value
+            raise TypeError(
+                f"{argument}: expected a dtype such as 'float32' second, got "
+                f"{dtype!r}; a gradient is a (shape, dtype) pair"
+            )
+    elif hasattr(value, "shape") and hasattr(value, "dtype"):
+        shape, dtype = value.shape, value.dtype
+    else:
+        raise TypeError(
+            f"{argument}: expected a (shape, dtype) pair, a tensor or a "
+            f"variable, got {type(value).__name__} {value!r:.80}"
+        )
+    try:
+        dims = tf.TensorShape(shape)
+        name = tf.as_dtype(dtype).name
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"{argument}: shape {shape!r} and dtype {dtype!r} do not make a "
+            f"tensor type ({e})"
+        ) from None
+    if not dims.is_fully_defined():
+        raise ValueError(
+            f"{argument}: shape {dims} is not fully known; autotune needs "
+            "every gradient's size"
+        )
+    return tuple(int(d) for d in dims.as_list()), name
+
+
+def topology_of(devices: Any, argument: str = "devices") -> Topology:
+    """The replicas' topology; a cluster spec is connected to first.
+
+    Raises:
+        TypeError: not a list of device strings nor a cluster spec.
+        ValueError: an unparsable, repeated or unknown device, or a cluster
+            spec without a clear worker job.
+    """
+    if isinstance(devices, (dict, tf.train.ClusterSpec)):
+        return _connect(devices, argument)
+    if isinstance(devices, str) or not isinstance(devices, Sequence):
+        raise TypeError(
+            f"{argument}: expected a list of device strings (local devices, "
+            "or '/job:worker/task:i/device:CPU:0' of a connected cluster) "
+            "or a cluster spec (dict or tf.train.ClusterSpec), got "
+            f"{type(devices).__name__} {devices!r:.80}"
+        )
+    _checks.string_list(devices, argument, "device string")
+    canonical = [
+        _base.canonical_device(d, f"{argument}[{i}]")
+        for i, d in enumerate(devices)
+    ]
+    known = {
+        _tf_internal.canonicalize_device(d.name)
+        for d in tf.config.list_logical_devices()
+    }
+    for i, device in enumerate(canonical):
+        if device not in known:
+            raise ValueError(
+                f"{argument}[{i}]: {devices[i]!r} is not a device of this "
+                f"process or of a cluster it is connected to; it has "
+                f"{', '.join(sorted(known))}. For a cluster, pass its spec "
+                "(autotune connects) or connect first "
+                "(tf.config.experimental_connect_to_cluster)"
+            )
+        if device in canonical[:i]:
+            raise ValueError(
+                f"{argument}[{i}]: {device} is listed twice; one replica "
+                "per device"
+            )
+    return Topology.of(canonical)
+
+
+def _connect(spec: Any, argument: str) -> Topology:
+    from tf_crossdevice import multi_worker
+
+    cluster = tf.train.ClusterSpec(spec) if isinstance(spec, dict) else spec
+    jobs = sorted(cluster.jobs)
+    if "worker" in jobs:
+        job = "worker"
+    elif len(jobs) == 1:
+        (job,) = jobs
+    else:
+        raise ValueError(
+            f"{argument}: the cluster spec has jobs {jobs} and no 'worker' "
+            "job; autotune runs replicas on the 'worker' job's tasks"
+        )
+    replicas = multi_worker.WorkerReplicas(cluster, 1, job_name=job)
+    by_worker: dict[str, dict[str, list[str]]] = {
+        w: {"CPU": [], "GPU": []} for w in replicas.worker_devices
+    }
+    for d in tf.config.list_logical_devices():
+        name = _tf_internal.canonicalize_device(d.name)
+        worker, _, _ = name.partition("/device:")
+        if worker in by_worker and d.device_type in ("CPU", "GPU"):
+            by_worker[worker][d.device_type].append(name)
+    kind = "GPU" if all(v["GPU"] for v in by_worker.values()) else "CPU"
+    count = min(len(v[kind]) for v in by_worker.values())
+    chosen = [
+        d
+        for v in by_worker.values()
+        for d in sorted(v[kind], key=lambda n: int(n.rsplit(":", 1)[1]))[:count]
+    ]
+    logging.info(
+        "autotune: connected to %d workers of job %r; %d %s replica(s) each",
+        len(by_worker),
+        job,
+        count,
+        kind,
+    )
+    return Topology.of(chosen)
+
+
+# --- Candidates ------------------------------------------------------------
+
+
+def compressions() -> tuple[str, ...]:
+    """The codecs MultiWorkerAllReduce takes (none before it takes one)."""
+    init = _multi_worker_ops.MultiWorkerAllReduce.__init__
+    if "compression" not in inspect.signature(init).parameters:
+        return ()
+    try:
+        codec = importlib.import_module("tf_crossdevice._builders.compression")
+    except ModuleNotFoundError:
+        return ()
+    return tuple(getattr(codec, "COMPRESSIONS", ()))
+
+
+def candidates(topology: Topology, gradients: GradientList) -> list[Config]:
+    """Every configuration to try, in the benchmark's order of merit.
+
+    docs/benchmark/results.md (2-core machine, logical CPUs): small-tensor
+    aggregation with pscpu, psgpu or hierarchical copy was fastest or near
+    it on every workload; one pack next; unpacked ring and halving-doubling
+    are slowest and take minutes to trace on 1000 tensors, so they come
+    last. Across workers: pscpu with aggregation, then the two-level
+    default.
+    """
+    packings: list[dict[str, int]] = [AGGREGATE, {"num_packs": 1}]
+    if topology.num_workers == 1:
+        gpu = topology.device_type == "GPU"
+        algs = ["pscpu", "psgpu", "hierarchical_copy"]
+        out: list[Config] = [
+            ("SpecAllReduce", _spec("nccl", p))
+            for p in (packings if gpu else ())
+        ]
+        out += [("SpecAllReduce", _spec(a, AGGREGATE)) for a in algs]
+        out.append(("ReductionToOneDevice", {}))
+        out += [
+            ("SpecAllReduce", _spec(a, {"num_packs": 1}))
+            for a in [*algs, "xring", "rechd", "xring#2"]
+        ]
+        out += [
+            ("SpecAllReduce", _spec(a, AGGREGATE)) for a in ("xring", "rechd")
+        ]
+        out += [
+            ("SpecAllReduce", _spec(a, {"num_packs": 4}))
+            for a in ("pscpu", "hierarchical_copy", "xring")
+        ]
+        out += [
+            ("SpecAllReduce", _spec(a, {})) for a in [*algs, "xring", "rechd"]
+        ]
+        if gpu:
+            out.append(("SpecAllReduce", _spec("nccl", {})))
+    else:
+        specs = ["pscpu", "pscpu/pscpu#2", "xring", "rechd", "xring#2"]
+        if topology.local_devices > 1:
+            specs[2:2] = ["pscpu/xring", "pscpu/rechd"]
+        if topology.device_type == "GPU":
+            specs[:0] = ["nccl/pscpu", "nccl/xring", "nccl/rechd"]
+        out = [
+            ("MultiWorkerAllReduce", _spec(s, p))
+            for p in packings
+            for s in specs
+        ]
+        floats = any(d in ("float32", "float64") for _, d in gradients)
+        for codec in compressions() if floats else ():
+            out += [
+                ("MultiWorkerAllReduce", _spec(s, p) | {"compression": codec})
+                for p in packings
+                for s in specs[:2]
+            ]
+        out += [("MultiWorkerAllReduce", _spec(s, {})) for s in specs]
+    return [c for c in out if _changes_something(c, gradients)]
+
+
+def _spec(alg: str, packing: dict[str, int]) -> dict[str, Any]:
+    """kwargs of a spec class; 'alg#n' becomes the tuple (alg, n, -1)."""
+    name, _, shards = alg.partition("#")
+    spec: Any = (name, int(shards), -1) if shards else name
+    return {"all_reduce_spec": spec, "num_packs": 0} | packing
+
+
+def _from_json(config: Any) -> Config:
+    """A configuration read from JSON: its spec's lists become tuples."""
+    name, kwargs = config[0], dict(config[1])
+    spec = kwargs.get("all_reduce_spec")
+    if isinstance(spec, list):
+        kwargs["all_reduce_spec"] = (
+            [tuple(r) for r in spec]
+            if spec and isinstance(spec[0], list)
+            else tuple(spec)
+        )
+    return name, kwargs
+
+
+def _changes_something(config: Config, gradients: GradientList) -> bool:
+    """False for packing that leaves the gradients as they are: one pack of
+    one tensor, or aggregation with fewer than two small tensors."""
+    kwargs = config[1]
+    if kwargs.get("num_packs") == 1:
+        return len(gradients) > 1
+    limit = kwargs.get("agg_small_grads_max_bytes", 0)
+    small = [g for g in gradients if _num_bytes(g) <= limit]
+    return not limit or len(small) >= 2
+
+
+def _num_bytes(gradient: tuple[tuple[int, ...], str]) -> int:
+    shape, dtype = gradient
+    return math.prod(shape) * tf.as_dtype(dtype).size
+
+
+def label(config: Config) -> str:
+    """A short name for a configuration.
+
+    >>> label(("SpecAllReduce", {"all_reduce_spec": "xring", "num_packs": 1}))
+    'SpecAllReduce xring num_packs=1'
+    """
+    name, kwargs = config
+    parts = [name]
+    spec = kwargs.get("all_reduce_spec")
+    if isinstance(spec, (tuple, list)) and len(spec) == 3 and spec[2] == -1:
+        parts.append(f"{spec[0]}#{spec[1]}")
+    elif spec is not None:
+        parts.append(spec if isinstance(spec, str) else json.dumps(spec))
+    if kwargs.get("num_packs"):
+        parts.append(f"num_packs={kwargs['num_packs']}")
+    if kwargs.get("agg_small_grads_max_bytes"):
+        parts.append(
+            f"agg_small={kwargs['agg_small_grads_max_bytes'] >> 10}KiB"
+            f"x{kwargs.get('agg_small_grads_max_group', 10)}"
+        )
+    if kwargs.get("compression"):
+        parts.append(f"compression={kwargs['compression']}")
+    other = set(kwargs) - {
+        "all_reduce_spec",
+        "num_packs",
+        "agg_small_grads_max_bytes",
+        "agg_small_grads_max_group",
+        "compression",
+    }
+    parts += [f"{k}={kwargs[k]!r}" for k in sorted(other)]
+    return " ".join(parts)
+
+
+def cost_model() -> types.ModuleType | None:
+    """`tf_crossdevice.cost_model` if it is installed, else None."""
+    try:
+        return importlib.import_module("tf_crossdevice.cost_model")
+    except ModuleNotFoundError as e:
+        if e.name != "tf_crossdevice.cost_model":
+            raise
+        return None
+
+
+def ordered(
+    configs: Sequence[Config], topology: Topology, gradients: GradientList
+) -> list[tuple[Config, float | None]]:
+    """Fastest predicted first (cost model); unpredicted ones keep their
+    order after them. Without the cost model: the given order."""
+    model = cost_model()
+    predictions: list[float | None] = []
+    for config in configs:
+        seconds = None
+        if model is not None:
+            try:
+                seconds = float(
+                    model.predict(
+                        config,
+                        gradients,
+                        devices_per_worker=topology.local_devices,
+                        num_workers=topology.num_workers,
+                    )
+                )
+            except ValueError:
+                seconds = None
+        predictions.append(seconds)
+    order = sorted(
+        range(len(configs)),
+        key=lambda i: (predictions[i] is None, predictions[i] or 0.0, i),
+    )
+    return [(configs[i], predictions[i]) for i in order]
+
+
+_CLASSES = {
+    "SpecAllReduce": _spec_ops.SpecAllReduce,
+    "MultiWorkerAllReduce": _multi_worker_ops.MultiWorkerAllReduce,
+    "ReductionToOneDevice": _ops.ReductionToOneDevice,
+    "AllReduceCrossDeviceOps": _ops.AllReduceCrossDeviceOps,
+    "HierarchicalCopyAllReduce": _ops.HierarchicalCopyAllReduce,
+    "NcclAllReduce": _ops.NcclAllReduce,
+}
+
+
+def make_ops(config: Any, topology: Topology) -> tf.distribute.CrossDeviceOps:
+    """The CrossDeviceOps a configuration names, for `topology`.
+
+    MultiWorkerAllReduce gets the topology's workers; the collective classes
+    its worker and device counts.
+
+    Raises:
+        ValueError: an unknown class or a bad argument (the class's error).
+        TypeError: not a (class name, kwargs) pair, or bad kwargs.
+    """
+    from tf_crossdevice import (
+        _collective_ops,
+        _hierarchical_collective_ops,
+    )
+
+    classes = dict(_CLASSES)
+    classes["CollectiveAllReduce"] = _collective_ops.CollectiveAllReduce
+    classes["HierarchicalCollectiveAllReduce"] = (
+        _hierarchical_collective_ops.HierarchicalCollectiveAllReduce
+    )
+    if (
+        not isinstance(config, (tuple, list))
+        or len(config) != 2
+        or not isinstance(config[1], dict)
+    ):
+        raise TypeError(
+            f"config: expected (class name, kwargs dict), got {config!r:.120}"
+        )
+    name, kwargs = _from_json(config)
+    cls = classes.get(name)
+    if cls is None:
+        raise ValueError(
+            f"config: unknown class {name!r}; expected one of "
+            f"{', '.join(sorted(classes))}"
+        )
+    if isinstance(kwargs.get("options"), dict):
+        kwargs["options"] = tf.distribute.experimental.CommunicationOptions(
+            **kwargs["options"]
+        )
+    gpus = topology.local_devices if topology.device_type == "GPU" else 0
+    if name == "MultiWorkerAllReduce":
+        return cls(list(topology.worker_devices), gpus, **kwargs)
+    if name == "CollectiveAllReduce":
+        kwargs.setdefault("num_workers", topology.num_workers)
+        kwargs.setdefault("num_gpus_per_worker", gpus)
+    return cls(**kwargs)
+
+
+# --- Cache -----------------------------------------------------------------
+
+
+def default_cache_dir() -> pathlib.Path:
+    """`$XDG_CACHE_HOME` (else ~/.cache) / tf_crossdevice / autotune."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache"
+    )
+    return pathlib.Path(base) / "tf_crossdevice" / "autotune"
+
+
+def cache_file(
+    topology: Topology, gradients: GradientList, cache_dir: Any = None
+) -> pathlib.Path:
+    """The cache file of a topology and gradient set.
+
+    The name hashes the device type, the devices per worker, the number of
+    workers, TensorFlow's and this package's versions and the gradients'
+    shapes and dtypes in order (not the device names or addresses).
+    """
+    import tf_crossdevice
+
+    key = {
+        "format": CACHE_FORMAT,
+        "device_type": topology.device_type,
+        "devices_per_worker": list(topology.devices_per_worker),
+        "num_workers": topology.num_workers,
+        "tensorflow": tf.__version__,
+        "tf_crossdevice": tf_crossdevice.__version__,
+        "gradients": [[list(s), d] for s, d in gradients],
+    }
+    digest = hashlib.sha256(
+        json.dumps(key, sort_keys=True).encode()
+    ).hexdigest()
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"cache_dir: expected None or a folder path, got "
+            f"{type(cache_dir).__name__} {cache_dir!r}"
+        )
+    folder = default_cache_dir() if cache_dir is None else cache_dir
+    return pathlib.Path(folder) / f"{digest[:32]}.json"
+
+
+def read_cache(path: pathlib.Path, topology: Topology) -> dict[str, Any] | None:
+    """The cached entry, or None (missing; corrupt: with a warning)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        logging.warning("autotune: cannot read cache file %s (%s)", path, e)
+        return None
+    try:
+        entry = json.loads(text)
+        if entry.get("format") != CACHE_FORMAT:
+            raise ValueError(f"format {entry.get('format')!r}")
+        config = _from_json(entry["config"])
+        make_ops(config, topology)
+        float(entry["budget_seconds"])
+        bool(entry["complete"])
+    except Exception as e:  # noqa: BLE001 - any damage: ignore the file.
+        logging.warning(
+            "autotune: ignoring corrupt cache file %s (%s: %s); measuring "
+            "again",
+            path,
+            type(e).__name__,
+            _measure.first_line(str(e)),
+        )
+        return None
+    entry["config"] = config
+    return entry
+
+
+def write_cache(path: pathlib.Path, entry: dict[str, Any]) -> None:
+    """Writes `entry` as JSON atomically (a temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(entry, f, indent=1)
+            f.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+# --- Measuring -------------------------------------------------------------
+
+
+def _graph_units(
+    config: Config, gradients: GradientList, topology: Topology
+) -> float:
+    """A rough count of the ops a configuration traces, to scale build
+    times measured on earlier candidates (only ratios matter)."""
+    kwargs = config[1]
+    n = len(topology.devices)
+    num_tensors = len(gradients)
+    packs = num_tensors
+    if kwargs.get("num_packs"):
+        packs = kwargs["num_packs"] * len({d for _, d in gradients})
+    elif kwargs.get("agg_small_grads_max_bytes"):
+        limit = kwargs["agg_small_grads_max_bytes"]
+        group = kwargs.get("agg_small_grads_max_group", 10)
+        small = sum(1 for g in gradients if _num_bytes(g) <= limit)
+        packs = num_tensors - small + math.ceil(small / group)
+    per_pack = 2.0
+    spec = kwargs.get("all_reduce_spec", "")
+    if isinstance(spec, (tuple, list)):
+        alg, shards = str(spec[0]), int(spec[1]) if len(spec) > 1 else 1
+    else:
+        alg, _, count = str(spec).partition("#")
+        shards = int(count) if count.isdigit() else 1
+    for part in alg.split("/"):
+        if part == "xring":
+            per_pack += 2 * n * shards
+        elif part == "rechd":
+            per_pack += 2 * math.ceil(math.log2(max(n, 2))) + 2
+        elif part in ("pscpu", "psgpu"):
+            per_pack += 2 * shards
+        elif part:
+            per_pack += 4
+    packing = num_tensors if packs != num_tensors else 0
+    return n * (packs * per_pack + packing)
+
+
+def _build_estimate(units: float, built: list[tuple[float, float]]) -> float:
+    """Seconds to build `units`, scaled from earlier (units, seconds)."""
+    scaled = [seconds * units / u for u, seconds in built if u > 0]
+    return _SAFETY * statistics.median(scaled) if scaled else 0.0
+
+
+def _check_for(config: Config, inputs: _measure.Inputs, stages: int) -> Any:
+    codec = config[1].get("compression")
+    if not codec:
+        return inputs.check
+    # Each stage rounds a partial sum at most once per element.
+    return inputs.check_close(2 * stages * _UNIT_ROUNDOFF.get(codec, 2**-8))
+
+
+def autotune(
+    gradients: Any,
+    devices: Any,
+    *,
+    budget_seconds: float = 60,
+    cache_dir: Any = None,
+) -> tf.distribute.CrossDeviceOps:
+    """Measures candidate all-reduce configurations and returns the fastest.
+
+    Candidates are this package's algorithms (the registry's names through
+    `SpecAllReduce`, shards, `ReductionToOneDevice`; across workers
+    `MultiWorkerAllReduce` with flat and two-level specs) with each packing
+    (one or four packs, small-tensor aggregation of up to 64 KiB in groups
+    of 1024, none), and across workers the `compression` codecs where
+    `MultiWorkerAllReduce` takes them. They are tried fastest-predicted
+    first (`tf_crossdevice.cost_model.predict` when that module is
+    installed, else the benchmark's findings: see `candidates`).
+
+    Each candidate reduces random integer gradients of the given shapes on
+    the real devices inside a `tf.function`; its result is checked against
+    numpy (exactly; within the codec's rounding with compression) before it
+    counts. Building and checking count against the budget: a candidate
+    whose estimated build (scaled from the builds so far) and timing would
+    not fit in what is left is skipped. Builds cannot be interrupted, so a
+    slow one can overrun the estimate; at least one candidate is always
+    built, even past the budget, until one verifies. The verified ones are
+    then timed in interleaved rounds (every candidate once per round, in a
+    new random order) and the one with the smallest median wins.
+
+    Progress is logged with absl logging at INFO, one line per candidate
+    ("autotune [3/12] SpecAllReduce xring num_packs=1: 4.21 ms, 31 s of
+    budget left"). The returned object's `autotune_result` attribute (an
+    `AutotuneResult`) holds every measurement and the cache file.
+
+    The choice is cached in a JSON file in `cache_dir` (None:
+    `$XDG_CACHE_HOME`, else `~/.cache`, + `/tf_crossdevice/autotune`), named
+    by a hash of the topology (device type, devices per worker, workers,
+    TensorFlow and package versions) and the gradients' shapes and dtypes.
+    A later call with the same ones returns the cached choice without
+    measuring, unless that was measured with a smaller budget and left
+    candidates out. Delete the file to measure again. Unreadable files are
+    ignored with a warning; writes are atomic.
+
+    Across workers only in-graph reductions can be timed from one client:
+    between-graph collectives (`CollectiveAllReduce`,
+    `HierarchicalCollectiveAllReduce` in
+    `tf_crossdevice.MultiWorkerMirroredStrategy`) run in every worker's own
+    program and are not measured here; the cost model ranks them
+    (`select_cross_device_ops`).
+
+    Args:
+        gradients: what will be reduced: a Keras model (its trainable
+            weights), or a list of (shape, dtype) pairs, tensors or
+            variables.
+        devices: the replicas' devices: device strings of this process, or
+            of the workers of a cluster this process is connected to
+            ('/job:worker/task:1/device:CPU:0'), or a cluster spec (dict or
+            `tf.train.ClusterSpec`): then this process connects to the
+            cluster (`tf.config.experimental_connect_to_cluster`, which
+            changes process-wide state) and uses every worker's GPUs, else
+            CPUs (the same count on each).
+        budget_seconds: time for building, checking and timing, > 0.
+        cache_dir: folder of the cache files (created if missing).
+
+    Returns:
+        A new CrossDeviceOps of the fastest configuration, with an
+        `autotune_result` attribute.
+
+    Raises:
+        TypeError, ValueError: a bad argument (the message names it).
+        RuntimeError: no candidate reduced correctly (the errors listed).
+
+    >>> import tempfile
+    >>> gradients = [((1000,), "float32"), ((10, 10), "float32")]
+    >>> devices = tf_crossdevice.testing.cpu_devices(2)
+    >>> with tempfile.TemporaryDirectory() as cache:
+    ...     ops = tf_crossdevice.autotune(
+    ...         gradients, devices, budget_seconds=3, cache_dir=cache)
+    ...     again = tf_crossdevice.autotune(
+    ...         gradients, devices, budget_seconds=3, cache_dir=cache)
+    >>> ops.autotune_result.measurements[0].verified
+    True
+    >>> again.autotune_result.from_cache, type(again) is type(ops)
+    (True, True)
+    """
+    start = time.monotonic()
+    _checks.positive_number(budget_seconds, "budget_seconds")
+    grads = normalize_gradients(gradients)
+    topology = topology_of(devices)
+    path = cache_file(topology, grads, cache_dir)
+    entry = read_cache(path, topology)
+    if entry is not None and (
+        entry["complete"] or entry["budget_seconds"] >= budget_seconds
+    ):
+        logging.info("autotune: %s (cached in %s)", entry["label"], path)
+        return _with_result(
+            make_ops(entry["config"], topology),
+            AutotuneResult(
+                config=entry["config"],
+                label=entry["label"],
+                measurements=tuple(
+                    _measurement(m) for m in entry.get("measurements", [])
+                ),
+                budget_seconds=entry["budget_seconds"],
+                elapsed_seconds=time.monotonic() - start,
+                complete=entry["complete"],
+                from_cache=True,
+                cache_file=str(path),
+            ),
+        )
+    result = _search(grads, topology, budget_seconds, start, path)
+    write_cache(
+        path,
+        {
+            "format": CACHE_FORMAT,
+            "config": list(result.config),
+            "label": result.label,
+            "budget_seconds": budget_seconds,
+            "complete": result.complete,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "devices": list(topology.devices),
+            "measurements": [
+                dataclasses.asdict(m) for m in result.measurements
+            ],
+        },
+    )
+    return _with_result(make_ops(result.config, topology), result)
+
+
+def _measurement(data: dict[str, Any]) -> Measurement:
+    data = dict(data)
+    data["config"] = _from_json(data["config"])
+    return Measurement(**data)
+
+
+def _with_result(
+    ops: tf.distribute.CrossDeviceOps, result: AutotuneResult
+) -> tf.distribute.CrossDeviceOps:
+    ops.autotune_result = result  # type: ignore[attr-defined]
+    return ops
+
+
+def _search(
+    gradients: GradientList,
+    topology: Topology,
+    budget: float,
+    start: float,
+    path: pathlib.Path,
+) -> AutotuneResult:
+    """Builds, checks and times the candidates within the budget."""
+    plan = ordered(candidates(topology, gradients), topology, gradients)
+    inputs = _measure.Inputs(gradients, topology.devices)
+    total = len(plan)
+    records: list[Measurement] = []
+    built: list[tuple[float, float]] = []  # (graph units, build seconds)
+    timers: dict[int, _measure.TimeFn] = {}
+    reps: dict[int, int] = {}
+    per_round = 0.0  # seconds one timing round will take
+    stages = 2 * topology.num_workers + 2
+    for i, (config, predicted) in enumerate(plan):
+        name = label(config)
+        left = budget - (time.monotonic() - start)
+        units = _graph_units(config, gradients, topology)
+        estimate = _build_estimate(units, built)
+        guess = max(_TARGET_SECONDS, per_round / max(len(timers), 1))
+        timing = _ROUNDS * (per_round + guess)
+        if timers and estimate + timing > left:
+            why = (
+                f"skipped: estimated {estimate:.1f} s to build and "
+                f"{timing:.1f} s to time, {max(left, 0):.0f} s of budget left"
+            )
+            logging.info("autotune [%d/%d] %s: %s", i + 1, total, name, why)
+            records.append(Measurement(name, config, predicted, error=why))
+            continue
+        try:
+            ops = make_ops(config, topology)
+        except (TypeError, ValueError) as e:
+            records.append(Measurement(name, config, predicted, False, f"{e}"))
+            continue
+        check = _check_for(config, inputs, stages)
+        body = _measure.all_reduce_body(ops, inputs)
+
+        def build(body: Any = body, check: Any = check) -> Any:
+            step = _measure.Step(body)
+            return step.timed, lambda: step.verify(check)
+
+        prepared, call = _measure.prepare(build, warmup=1)
+        left = budget - (time.monotonic() - start)
+        if call is None:
+            logging.info(
+                "autotune [%d/%d] %s: failed (%s), %.0f s of budget left",
+                i + 1,
+                total,
+                name,
+                prepared.error,
+                max(left, 0),
+            )
+        else:
+            built.append((units, prepared.build_seconds))
+            timers[i] = _measure.timer(call)
+            reps[i] = _measure.reps_for(
+                prepared.seconds_per_call, _TARGET_SECONDS, _MAX_REPS
+            )
+            per_round += reps[i] * prepared.seconds_per_call
+            logging.info(
+                "autotune [%d/%d] %s: %.2f ms, %.0f s of budget left",
+                i + 1,
+                total,
+                name,
+                prepared.seconds_per_call * 1e3,
+                max(left, 0),
+            )
+        records.append(
+            Measurement(
+                name,
+                config,
+                predicted,
+                prepared.verified,
+                prepared.error,
+                prepared.build_seconds,
+            )
+        )
+    if not timers:
+        failures = "; ".join(f"{m.label}: {m.error}" for m in records)
+        raise RuntimeError(f"autotune: no candidate verified: {failures}")
+    left = budget - (time.monotonic() - start)
+    rounds = max(1, min(_ROUNDS, int(left / per_round) if per_round else 1))
+    samples, errors = _measure.interleaved_rounds(
+        {str(i): t for i, t in timers.items()},
+        {str(i): r for i, r in reps.items()},
+        rounds,
+    )
+    medians = {int(k): statistics.median(v) for k, v in samples.items() if v}
+    for k, error in errors.items():
+        records[int(k)] = dataclasses.replace(
+            records[int(k)], verified=True, error=error
+        )
+    if not medians:
+        raise RuntimeError(f"autotune: every candidate failed: {errors}")
+    records = [
+        dataclasses.replace(m, median_seconds=medians.get(i))
+        for i, m in enumerate(records)
+    ]
+    best = min(medians, key=lambda i: medians[i])
+    chosen = records[best]
+    elapsed = time.monotonic() - start
+    measured = sum(1 for m in records if m.median_seconds is not None)
+    logging.info(
+        "autotune: chose %s (%.2f ms, median of %d rounds; %d of %d "
+        "candidates timed) in %.0f s of a %g s budget",
+        chosen.label,
+        medians[best] * 1e3,
+        rounds,
+        measured,
+        total,
+        elapsed,
+        budget,
+    )
+    return AutotuneResult(
+        config=chosen.config,
+        label=chosen.label,
+        measurements=tuple(records),
+        budget_seconds=budget,
+        elapsed_seconds=elapsed,
+        complete=all(m.verified is not None for m in records),
+        from_cache=False,
+        cache_file=str(path),
+    )

@@ -26,6 +26,9 @@ def _collective_ops():
     ]
 
 
+_IDS = ["collective", "collective_bf16", "hierarchical"]
+
+
 def _per_replica(arrays):
     return tf_crossdevice.testing.per_replica(
         [tf.constant(a) for a in arrays], DEVICES
@@ -36,7 +39,7 @@ def _tracing_count(ops):
     return sum(f.experimental_get_tracing_count() for f in ops._traced.values())
 
 
-@pytest.mark.parametrize("ops", _collective_ops(), ids=repr)
+@pytest.mark.parametrize("ops", _collective_ops(), ids=_IDS)
 def test_repeated_eager_reduce_traces_once_and_follows_inputs(ops):
     rng = np.random.default_rng(0)
     for _ in range(4):
@@ -84,7 +87,7 @@ def test_bound_copy_keeps_its_own_traced_functions():
     assert len(ops._traced) == 1
 
 
-@pytest.mark.parametrize("ops", _collective_ops(), ids=repr)
+@pytest.mark.parametrize("ops", _collective_ops(), ids=_IDS)
 @pytest.mark.parametrize("shape", [[0], [3, 0]])
 @pytest.mark.parametrize("reduce_op", ["sum", "mean"])
 def test_empty_values_reduce_to_empty_results(ops, shape, reduce_op):

@@ -19,9 +19,17 @@ later one leaves at its default keeps the earlier one's value): the
 strategy's `communication_options`, then the constructor's `options`, then
 the call's `options`.
 
-In eager mode the collectives of one call run inside a tf.function traced
-for the call: eagerly, one device's collective would block before the next
-device's was even issued.
+In eager mode the collectives of one call run inside a tf.function:
+eagerly, one device's collective would block before the next device's was
+even issued. The traced function is kept per call signature (what the
+traced body depends on: reduce op, the values' type specs, devices and
+options), so repeated eager calls reuse it instead of tracing anew; the
+values are its arguments, never captured constants. Reusing it keeps the
+workers' keys in step: group keys are drawn while tracing, from devices
+alone, and instance keys when the function is called
+(`_collective_launch`), so a cached call draws the same keys in the same
+order as a fresh trace would, on every worker. TensorFlow's own
+CollectiveAllReduce runs eager calls in one thread per device instead.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from tf_crossdevice._collective_launch import Group, Options
 from tf_crossdevice._schedules import collective_packing
 
 _STRATEGY = "tf_crossdevice.MultiWorkerMirroredStrategy"
+# Traced functions one object keeps; the oldest goes first beyond that.
+_TRACED_LIMIT = 64
 _shared_keys: Any = None
 
 
@@ -85,6 +95,7 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         self._strategy_options = _base.check_options(None)
         self._bound = False
         self._groups: dict[tuple[Any, ...], Group] = {}
+        self._traced: dict[tuple[Any, ...], Any] = {}
 
     @property
     def compression(self) -> str | None:
@@ -112,6 +123,7 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         bound._strategy_options = strategy_options
         bound._bound = True
         bound._groups = {}
+        bound._traced = {}
         return bound
 
     def __bool__(self) -> bool:
@@ -213,10 +225,10 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         for i, devices in enumerate(devices_of):
             by_devices.setdefault(devices, []).append(i)
 
-        def run() -> list[list[Value]]:
-            sums: list[Any] = [None] * len(items)
+        def run(components: list[list[Value]]) -> list[list[Value]]:
+            sums: list[Any] = [None] * len(components)
             for devices, indices in by_devices.items():
-                batch = [list(items[i].components) for i in indices]
+                batch = [list(components[i]) for i in indices]
                 for i, per_device in zip(
                     indices,
                     self._sum_group(batch, devices, options),
@@ -231,11 +243,57 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
                     sums[i] = per_device
             return sums
 
-        sums = _run_collectives(run, [list(d) for d in devices_of])
+        components = [list(item.components) for item in items]
+        signature = (
+            "reduce",
+            reduce_op,
+            tuple(devices_of),
+            _options_key(options),
+            _specs(components),
+        )
+        sums = self._run_collectives(
+            signature, run, components, [list(d) for d in devices_of]
+        )
         return [
             _route(sums[i], devices_of[i], item.destinations)
             for i, item in enumerate(items)
         ]
+
+    def _run_collectives(
+        self,
+        signature: tuple[Any, ...],
+        fn: Any,
+        args: Any,
+        devices: Any,
+    ) -> Any:
+        """`fn(args)`, inside a tf.function when executing eagerly.
+
+        The function is traced once per `signature`, which must name all
+        that `fn`'s body depends on besides `args`' values. `devices` has
+        the structure of `fn`'s result, a device per value: a tf.function's
+        eager results come back on the caller's device, so each is copied
+        to where it was computed (free between a process's CPUs).
+        """
+        if not tf.executing_eagerly():
+            return fn(args)
+        traced = self._traced.get(signature)
+        if traced is None:
+            if len(self._traced) >= _TRACED_LIMIT:
+                del self._traced[next(iter(self._traced))]
+            traced = tf.function(fn, autograph=False)
+            self._traced[signature] = traced
+        results = traced(args)
+        return tf.nest.map_structure(
+            lambda value, device: (
+                value
+                if _base.canonical_device(_first_device(value), "value")
+                == device
+                else _base.copy_value(value, device)
+            ),
+            results,
+            devices,
+            check_types=False,
+        )
 
     # ---- Gather -----------------------------------------------------------
 
@@ -257,15 +315,24 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             devices, len(devices) * self._num_workers, type(self).__name__
         )
 
-        def run() -> list[Value]:
+        def run(components: list[Value]) -> list[Value]:
             return [
                 _gather_one(group, d, c, axis, options)
-                for d, c in enumerate(item.components)
+                for d, c in enumerate(components)
             ]
 
-        return _route(
-            _run_collectives(run, list(devices)), devices, item.destinations
+        components = list(item.components)
+        signature = (
+            "gather",
+            axis,
+            devices,
+            _options_key(options),
+            _specs(components),
         )
+        gathered = self._run_collectives(
+            signature, run, components, list(devices)
+        )
+        return _route(gathered, devices, item.destinations)
 
     # ---- Replica context ----------------------------------------------------
 
@@ -295,26 +362,18 @@ def _unplaced_to_none(value: Any, destinations: Any) -> Any:
     return destinations
 
 
-def _run_collectives(fn: Any, devices: Any) -> Any:
-    """`fn()`, inside a tf.function when executing eagerly.
-
-    `devices` has the structure of `fn`'s result, a device per value: a
-    tf.function's eager results come back on the caller's device, so each
-    is copied to where it was computed (free between a process's CPUs).
-    """
-    if not tf.executing_eagerly():
-        return fn()
-    results = tf.function(fn, autograph=False)()
-    return tf.nest.map_structure(
-        lambda value, device: (
-            value
-            if _base.canonical_device(_first_device(value), "value") == device
-            else _base.copy_value(value, device)
-        ),
-        results,
-        devices,
-        check_types=False,
+def _options_key(options: Options) -> tuple[Any, ...]:
+    """The fields of CommunicationOptions (which compare by identity)."""
+    return (
+        options.bytes_per_pack,
+        options.timeout_seconds,
+        options.implementation,
     )
+
+
+def _specs(values: Any) -> tuple[Any, ...]:
+    """The type specs (shape, dtype, dense or sparse) of nested values."""
+    return tuple(tf.type_spec_from_value(v) for v in tf.nest.flatten(values))
 
 
 def _first_device(value: Value) -> str:

@@ -144,6 +144,12 @@ class Group:
         move fewer bytes (`gather_compression_pays`); otherwise, and for
         other dtypes, it is all-reduced exactly.
         """
+        if tensor.shape.num_elements() == 0:
+            # The sum of empty tensors is empty. Every worker knows the
+            # static shape, so all skip the collective alike and draw no
+            # instance key (a 0-element collective crashed the process).
+            with tf.device(self.devices[index]):
+                return tf.identity(tensor)
         # A group of this process's devices alone crosses no worker
         # boundary: nothing to save, so nothing is rounded.
         if (

@@ -61,6 +61,45 @@ def test_inputs_expected_is_numpys_sum_of_the_replicas(num_devices):
     np.testing.assert_array_equal(again.expected[1], inputs.expected[1])
 
 
+EDGE_GRADIENTS = [
+    ((), "float32"),
+    ((0,), "float32"),
+    ((16,), "float32"),
+    ((2, 8), "float32"),
+    ((7,), "bfloat16"),
+    ((33,), "float16"),
+    ((3, 1), "int32"),
+    ((1000,), "float32"),
+]
+
+
+def test_tensors_cut_each_dtype_with_one_split_into_numpys_views():
+    devices = testing.cpu_devices(2)
+    inputs = _measure.Inputs(EDGE_GRADIENTS, devices, seed=5)
+    for i in range(2):
+        fn = tf.function(lambda i=i: inputs.tensors(i), autograph=False)
+        got = [np.asarray(t) for t in fn()]
+        held = {
+            d: np.asarray(v.value()) for d, v in inputs.variables[i].items()
+        }
+        for k, (shape, dtype) in enumerate(EDGE_GRADIENTS):
+            # Numpy's own cut of the flat buffer at the layout's offset.
+            (offset,) = [
+                o for j, o, _ in inputs.layout[tf.as_dtype(dtype)] if j == k
+            ]
+            size = int(np.prod(shape))
+            want = held[tf.as_dtype(dtype)][offset : offset + size].reshape(
+                shape
+            )
+            assert got[k].dtype == want.dtype and got[k].shape == shape
+            np.testing.assert_array_equal(got[k], want)
+        ops = [
+            op.type for op in fn.get_concrete_function().graph.get_operations()
+        ]
+        # Only float32 holds several gradients: one split, no slices of it.
+        assert ops.count("SplitV") == 1 and "StridedSlice" not in ops
+
+
 def test_measure_times_correct_ops_and_reports_numpys_statistics():
     devices = testing.cpu_devices(4)
     gradients = GRADIENTS + [((7,), "bfloat16"), ((5, 1), "float16")]

@@ -45,6 +45,12 @@ TimeFn: TypeAlias = Callable[[int], float]  # seconds per call of n calls
 _ALIGN_BYTES = 64
 
 
+def _padded(size: int, dtype: tf.DType) -> int:
+    """Elements from a gradient's start to the next one's (64-byte aligned)."""
+    align = max(1, _ALIGN_BYTES // dtype.size)
+    return -(-max(size, 1) // align) * align
+
+
 def canonical(device: str) -> str:
     """Canonical device name; '<unplaced>' for ''."""
     return _tf_internal.canonicalize_device(device) if device else "<unplaced>"
@@ -89,10 +95,9 @@ class Inputs:
         for k, (shape, dtype) in enumerate(
             zip(self.shapes, self.dtypes, strict=True)
         ):
-            align = max(1, _ALIGN_BYTES // dtype.size)
             size, start = math.prod(shape), length.get(dtype, 0)
             self.layout.setdefault(dtype, []).append((k, start, size))
-            length[dtype] = start + -(-max(size, 1) // align) * align
+            length[dtype] = start + _padded(size, dtype)
         total = total_replicas or len(self.devices)
         self.variables: list[dict[Any, tf.Variable]] = []
         self.expected_flats: dict[Any, np.ndarray] = {}
@@ -156,15 +161,34 @@ class Inputs:
         return [self.read(i, dtype) for i in range(len(self.devices))]
 
     def tensors(self, i: int) -> list[tf.Tensor]:
-        """Replica i's gradients, cut from its buffers (in a tf.function)."""
+        """Replica i's gradients, cut from its buffers (in a tf.function).
+
+        One `tf.split` per dtype cuts the buffer at the 64-byte boundaries,
+        so every piece shares the buffer; a gradient shorter than its
+        padded piece is then sliced (a copy, as any unaligned cut is) and
+        reshaped. Constants are shared within the replica: a few nodes per
+        gradient, not one slice with three constants each.
+        """
         out: list[Any] = [None] * len(self.shapes)
         with tf.device(self.devices[i]):
+            consts: dict[tuple[int, ...], tf.Tensor] = {}
+
+            def const(values: tuple[int, ...]) -> tf.Tensor:
+                if values not in consts:
+                    consts[values] = tf.constant(values, tf.int32)
+                return consts[values]
+
             for dtype, pieces in self.layout.items():
                 flat = self.read(i, dtype)
-                for k, offset, size in pieces:
-                    piece = flat[offset : offset + size]
+                padded = [_padded(size, dtype) for *_, size in pieces]
+                cut = tf.split(flat, padded) if len(pieces) > 1 else [flat]
+                for (k, _, size), piece, length in zip(
+                    pieces, cut, padded, strict=True
+                ):
+                    if size != length:
+                        piece = tf.slice(piece, const((0,)), const((size,)))
                     if self.shapes[k] != (size,):
-                        piece = tf.reshape(piece, self.shapes[k])
+                        piece = tf.reshape(piece, const(self.shapes[k]))
                     out[k] = piece
         return out
 

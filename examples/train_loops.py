@@ -362,22 +362,14 @@ def train_in_graph(
                     variable.assign_add(velocity)
         return tf.add_n(losses) / len(losses), tf.add_n(correct)
 
-    rows = train_data.batch_indices(
-        data.num_train, global_batch, config.seed, start, config.steps
-    )
-    batches = tf.data.Dataset.from_tensor_slices(rows).map(
-        lambda idx: tf.map_fn(
-            data.example,
-            idx,
-            fn_output_signature=(
-                tf.TensorSpec([data.image_size, data.image_size, 3]),
-                tf.TensorSpec([], tf.int32),
-            ),
-        )
+    # The same global batches as the other loops (the auto-shard option
+    # only matters to a strategy's distribution; here the controller reads).
+    batches = train_data.dataset(
+        data, global_batch, config.seed, start, config.steps
     )
     losses, correct = [], 0.0
     step_number = start
-    for images, labels in batches.prefetch(2):
+    for images, labels in batches:
         loss, right = replicas.run(
             step, images, labels, timeout_seconds=config.timeout_seconds
         )

@@ -291,7 +291,7 @@ def test_compressed_all_reduce_gathers_half_the_bytes(compression, members):
 
 
 def test_gather_pays_for_2_and_3_members_only():
-    from tf_crossdevice._collective_launch import gather_compression_pays
+    from tf_crossdevice._schedules.traffic import gather_compression_pays
 
     # Bytes per member: gather (p-1)/2 * S, ring 2(p-1)/p * S.
     for p in range(2, 9):

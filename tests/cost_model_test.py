@@ -207,6 +207,36 @@ def test_compression_halves_float32_wire_bytes_only():
     assert bf16.ops > plain.ops and bf16.reduce_bytes > plain.reduce_bytes
 
 
+@pytest.mark.parametrize(
+    "name, workers, k, compressed",
+    [
+        ("CollectiveAllReduce", 2, 1, True),
+        ("CollectiveAllReduce", 3, 1, True),
+        ("CollectiveAllReduce", 2, 2, False),  # a group of 4 members
+        ("HierarchicalCollectiveAllReduce", 2, 4, True),  # 2 members
+        ("HierarchicalCollectiveAllReduce", 4, 1, False),
+    ],
+)
+def test_collectives_compress_by_gathering_groups_of_2_or_3(
+    name, workers, k, compressed
+):
+    size = 1 << 22
+    grads = [((size // 4,), "float32")]
+    kwargs = dict(devices_per_worker=k, num_workers=workers)
+    plain = cost_model.traffic_of((name, {}), grads, **kwargs)
+    bf16 = cost_model.traffic_of(
+        (name, {"compression": "bf16"}), grads, **kwargs
+    )
+    if not compressed:
+        assert bf16 == plain
+        return
+    # One member per worker sends (p-1) messages of size/2 bytes around
+    # the gather's ring, where the exact ring sends 2(p-1)/p * size.
+    p = workers * k if name == "CollectiveAllReduce" else workers
+    assert bf16.net_bytes == pytest.approx((p - 1) * size / 2)
+    assert plain.net_bytes == pytest.approx(2 * (p - 1) / p * size)
+
+
 def test_rechd_beats_ring_for_small_messages_at_large_p():
     small, large = one_tensor(4096), one_tensor(1 << 30)
     kwargs = dict(devices_per_worker=1, num_workers=1000, constants=TRUE)

@@ -30,8 +30,9 @@ order (so every member gets the same bits). Per member that moves
 (p-1)·S/2 bytes for S bytes of float32 where TensorFlow's ring moves
 2(p-1)/p·S: fewer for groups of p <= 3 members, as many at 4, more beyond.
 Larger groups run the uncompressed all-reduce (exact), logged once per
-group: `gather_compression_pays`. A group of one worker's devices alone
-is never compressed: nothing crosses a worker boundary.
+group (`_schedules.traffic.gather_compression_pays`). A group of one
+worker's devices alone is never compressed: nothing crosses a worker
+boundary.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from absl import logging
 from tf_crossdevice import _tf_internal
 from tf_crossdevice._builders import compression as codec
 from tf_crossdevice._schedules import devices as devices_lib
+from tf_crossdevice._schedules.traffic import gather_compression_pays
 
 # tf.distribute.experimental.CommunicationOptions (TensorFlow has no stubs).
 Options: TypeAlias = Any
@@ -293,20 +295,6 @@ def _on_the_wire(tensor: tf.Tensor) -> tf.Tensor:
         "; expected one of "
         f"{', '.join(d.name for d in (*_WIRE_DTYPES, *_WIDENED))}"
     )
-
-
-def gather_compression_pays(group_size: int) -> bool:
-    """Whether gathering 16-bit messages moves fewer bytes than a ring.
-
-    Per member, an all-gather of p members' S/2-byte messages moves
-    (p-1)·S/2 bytes, TensorFlow's ring all-reduce of S bytes 2(p-1)/p·S:
-    fewer for p <= 3, as many for p = 4, more beyond (the gap grows with p,
-    so larger groups reduce uncompressed).
-
-    >>> [p for p in range(1, 7) if gather_compression_pays(p)]
-    [2, 3]
-    """
-    return 1 < group_size <= 3
 
 
 def _log_uncompressed(name: str, size: int) -> None:

@@ -44,8 +44,11 @@ cost per all-reduce step. The counts come from
   collectives) and adds concat/split ops and copies on every device;
   spec ranges pick each pack's algorithm by its bytes.
 - compression ('bf16', 'fp16') halves float32 wire bytes (quarters
-  float64), and costs a cast at each end of every message (collectives: of
-  every pack), priced like a sum; 'fp16' adds a scale (two more ops).
+  float64), and costs a cast at each end of every message, priced like a
+  sum; 'fp16' adds a scale (two more ops). The collectives compress only
+  groups of 2 or 3 members, by one all-gather of the 16-bit messages that
+  every member decodes and sums (`traffic.compressed_gather`); larger groups
+  all-reduce exactly.
 
 A worker's devices share its CPU thread pool, so their counts add; workers
 run in parallel, so a step costs the busiest worker's time. The per-op
@@ -450,32 +453,37 @@ def _collective_traffic(
     """
     total = traffic.NONE
     workers = n // k
+    group = workers if hierarchical else n
     for pack in packs:
         size = float(sum(tensors[i].num_bytes for i in pack))
         dtype = tensors[pack[0]].dtype
         flat = traffic.pack_traffic(
             [float(tensors[i].num_bytes) for i in pack], 1, k
         )
-        if hierarchical:
-            ring = traffic.ring(size, workers, 1, 1, 0, 1, 1)
-            local = traffic.one_device(size, k, k) if k > 1 else traffic.NONE
-            launched = Traffic(collectives=1 if workers > 1 else 0)
-            t = flat + local + ring + launched
-        else:
-            launched = Traffic(collectives=1 if workers > 1 else 0)
-            t = flat + traffic.ring(size, n, k, 1, 0, 1, 1) + launched
-        if compression is not None and dtype in COMPRESSIBLE:
-            # One cast per pack and device each way, not per message.
+        # Compressed, a group of 2 or 3 members gathers 16-bit messages;
+        # larger groups reduce exactly (`traffic.gather_compression_pays`).
+        gathers = (
+            compression is not None
+            and dtype in COMPRESSIBLE
+            and workers > 1
+            and traffic.gather_compression_pays(group)
+        )
+        if gathers:
             ratio = 2 / ITEMSIZE[dtype]
-            extra = 2 if compression == "bf16" else 4
-            t = dataclasses.replace(
-                t,
-                net_bytes=t.net_bytes * ratio,
-                mem_bytes=t.mem_bytes * ratio,
-                reduce_bytes=t.reduce_bytes
-                + 2 * size * (1 if hierarchical else k),
-                ops=t.ops + extra * (1 if hierarchical else k),
+            extra = 0 if compression == "bf16" else 2 * group  # fp16 scales
+            exchange = traffic.compressed_gather(
+                size, group, 1 if hierarchical else k, ratio
+            ) + Traffic(ops=extra)
+        else:
+            exchange = traffic.ring(
+                size, group, 1 if hierarchical else k, 1, 0, 1, 1
             )
+        launched = Traffic(collectives=1 if workers > 1 else 0)
+        if hierarchical:
+            local = traffic.one_device(size, k, k) if k > 1 else traffic.NONE
+            t = flat + local + exchange + launched
+        else:
+            t = flat + exchange + launched
         total += t
     return total
 

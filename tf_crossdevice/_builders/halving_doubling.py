@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_crossdevice._builders import _flat, protocol
+from tf_crossdevice._builders import _exchange, _flat, protocol
 from tf_crossdevice._builders import compression as compression_lib
 from tf_crossdevice._schedules import halving_doubling as hd
 
@@ -88,49 +88,34 @@ def halving_doubling_all_reduce(
     '/job:localhost/replica:0/task:0/device:CPU:1'
     """
     tensors = _flat.check_inputs(tensors, num_shards)
-    n = len(tensors)
-    devices = [t.device for t in tensors]
-    wire = compression_lib.Wire(
-        devices, tensors[0].dtype, compression, same_worker
-    )
     with tf.name_scope("halving_doubling_all_reduce"):
-        if n == 1:
-            with tf.device(devices[0]):
-                return [tf.identity(tensors[0])]
+        alone = _exchange.single(tensors)
+        if alone is not None:
+            return alone
+        n = len(tensors)
         p = hd.num_chunks(n)
-        chunks = [_flat.split_flat(t, num_shards * p) for t in tensors]
+        chunks = _exchange.Chunks(
+            tensors, num_shards * p, compression, same_worker
+        )
 
-        def run(
-            transfers: Sequence[hd.Transfer], offset: int, add: bool
-        ) -> None:
-            received = []
-            for t in transfers:
-                with tf.device(devices[t.dst]):
-                    for c in range(
-                        offset + t.chunks.start, offset + t.chunks.stop
-                    ):
-                        if add:
-                            value = chunks[t.dst][c] + wire.receive(
-                                chunks[t.src][c], devices[t.dst]
-                            )
-                        else:
-                            value = wire.copy(chunks[t.src][c], devices[t.dst])
-                        received.append((t.dst, c, value))
-            for dst, c, value in received:
-                chunks[dst][c] = value
+        def moves(
+            transfers: Sequence[hd.Transfer], offset: int
+        ) -> list[_exchange.Move]:
+            return [
+                (t.src, t.dst, c)
+                for t in transfers
+                for c in range(offset + t.chunks.start, offset + t.chunks.stop)
+            ]
 
         for shard, order in enumerate(hd.rank_orders(n, num_shards)):
             offset = shard * p
-            run(hd.fold_in(order), offset, add=True)
+            chunks.step(moves(hd.fold_in(order), offset), add=True)
             for step in hd.reduce_scatter_steps(order):
-                run(step, offset, add=True)
+                chunks.step(moves(step, offset), add=True)
             for step in hd.all_gather_steps(order):
-                run(step, offset, add=False)
-            run(hd.fold_out(order), offset, add=False)
-        return [
-            _flat.join_flat([wire.settle(c) for c in chunks[i]], tensors[i])
-            for i in range(n)
-        ]
+                chunks.step(moves(step, offset), add=False)
+            chunks.step(moves(hd.fold_out(order), offset), add=False)
+        return chunks.joined()
 
 
 def builder(

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_crossdevice._builders import _flat, protocol
+from tf_crossdevice._builders import _exchange, _flat, protocol
 from tf_crossdevice._builders import compression as compression_lib
 from tf_crossdevice._schedules import ring
 
@@ -75,41 +75,25 @@ def ring_all_reduce(
     '/job:localhost/replica:0/task:0/device:CPU:2'
     """
     tensors = _flat.check_inputs(tensors, num_shards)
-    n = len(tensors)
-    devices = [t.device for t in tensors]
-    wire = compression_lib.Wire(
-        devices, tensors[0].dtype, compression, same_worker
-    )
     with tf.name_scope("ring_all_reduce"):
-        if n == 1:
-            with tf.device(devices[0]):
-                return [tf.identity(tensors[0])]
-        chunks = [_flat.split_flat(t, num_shards * n) for t in tensors]
-
-        def run(step: Sequence[ring.Transfer], offset: int, add: bool) -> None:
-            received = []
-            for t in step:
-                c = offset + t.chunk
-                with tf.device(devices[t.dst]):
-                    if add:
-                        value = chunks[t.dst][c] + wire.receive(
-                            chunks[t.src][c], devices[t.dst]
-                        )
-                    else:
-                        value = wire.copy(chunks[t.src][c], devices[t.dst])
-                received.append((t.dst, c, value))
-            for dst, c, value in received:
-                chunks[dst][c] = value
-
+        alone = _exchange.single(tensors)
+        if alone is not None:
+            return alone
+        n = len(tensors)
+        chunks = _exchange.Chunks(
+            tensors, num_shards * n, compression, same_worker
+        )
         for shard, order in enumerate(ring.ring_orders(n, num_shards)):
+            offset = shard * n
             for step in ring.reduce_scatter_steps(order):
-                run(step, shard * n, add=True)
+                chunks.step(
+                    [(t.src, t.dst, offset + t.chunk) for t in step], add=True
+                )
             for step in ring.all_gather_steps(order):
-                run(step, shard * n, add=False)
-        return [
-            _flat.join_flat([wire.settle(c) for c in chunks[i]], tensors[i])
-            for i in range(n)
-        ]
+                chunks.step(
+                    [(t.src, t.dst, offset + t.chunk) for t in step], add=False
+                )
+        return chunks.joined()
 
 
 def builder(

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import keras
@@ -227,14 +228,37 @@ def _custom_loop(
             strategy.reduce("sum", correct, axis=None),
         )
 
+    _log_and_save(
+        (
+            step(inputs)
+            for inputs in strategy.experimental_distribute_dataset(dataset)
+        ),
+        reporter.start_step,
+        config,
+        global_batch,
+        reporter,
+        save,
+    )
+
+
+def _log_and_save(
+    steps: Iterable[tuple[Any, Any]],
+    start: int,
+    config: Config,
+    global_batch: int,
+    reporter: Any,
+    save: Callable[[int], None],
+) -> None:
+    """Runs `steps` (each gives the step's summed loss and correct count)
+    from step `start`: a progress line every `log_every` steps and at the
+    end, each followed by `save(step)`."""
     losses, correct = [], 0.0
-    step_number = reporter.start_step
-    for inputs in strategy.experimental_distribute_dataset(dataset):
-        loss, right = step(inputs)
+    step_number = start
+    for loss, right in steps:
         losses.append(float(loss))
         correct += float(right)
         step_number += 1
-        if step_number == reporter.start_step + 1:
+        if step_number == start + 1:
             reporter.first_step_done()
         if step_number % config.log_every == 0 or step_number == config.steps:
             reporter.record(
@@ -367,27 +391,25 @@ def train_in_graph(
     batches = train_data.dataset(
         data, global_batch, config.seed, start, config.steps
     )
-    losses, correct = [], 0.0
-    step_number = start
-    for images, labels in batches:
-        loss, right = replicas.run(
-            step, images, labels, timeout_seconds=config.timeout_seconds
-        )
-        losses.append(float(loss))
-        correct += float(right)
-        step_number += 1
-        if step_number == start + 1:
-            reporter.first_step_done()
-        if step_number % config.log_every == 0 or step_number == config.steps:
-            reporter.record(
-                step_number,
-                float(np.mean(losses)),
-                correct / (len(losses) * global_batch),
+
+    def save(step_number: int) -> None:
+        step_var.assign(step_number)
+        manager.save(checkpoint_number=step_number)
+        print(f"checkpoint saved at step {step_number}", flush=True)
+
+    _log_and_save(
+        (
+            replicas.run(
+                step, images, labels, timeout_seconds=config.timeout_seconds
             )
-            losses, correct = [], 0.0
-            step_var.assign(step_number)
-            manager.save(checkpoint_number=step_number)
-            print(f"checkpoint saved at step {step_number}", flush=True)
+            for images, labels in batches
+        ),
+        start,
+        config,
+        global_batch,
+        reporter,
+        save,
+    )
 
     copies = [[np.asarray(w) for w in m.get_weights()] for m in models]
     replicas_equal = all(

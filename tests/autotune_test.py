@@ -594,3 +594,34 @@ def test_cached_records_without_the_newer_fields_are_read(
     assert first == second
     assert first.confirmation_rounds == 0 and first.median_seconds == 0.003
     assert first.config == ("ReductionToOneDevice", {})
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)],
+        [f"/job:localhost/replica:0/task:0/device:GPU:{i}" for i in range(4)],
+        [
+            f"/job:worker/replica:0/task:{t}/device:CPU:{i}"
+            for t in (0, 1)
+            for i in (0, 1)
+        ],
+    ],
+    ids=["cpu4", "gpu4", "2_workers_x2"],
+)
+def test_the_cost_model_prices_every_candidate(devices):
+    """The two lists differ on purpose (the model ranks many cheaply,
+    autotune builds a few), but speak one config language: the model
+    orders every autotune candidate, none falls to the unpredicted tail."""
+    from tf_crossdevice import cost_model
+
+    topology = _autotune.Topology.of(devices)
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    for config in _autotune.candidates(topology, grads):
+        seconds = cost_model.predict(
+            config,
+            grads,
+            devices_per_worker=topology.local_devices,
+            num_workers=topology.num_workers,
+        )
+        assert seconds > 0, _autotune.label(config)

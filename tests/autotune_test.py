@@ -75,7 +75,9 @@ def test_tiny_budget_gives_a_verified_choice_that_sums_like_numpy(
     timed = [m for m in result.measurements if m.median_seconds is not None]
     assert timed and all(m.verified for m in timed)
     assert spy.calls >= len(timed)
-    fastest = min(timed, key=lambda m: m.median_seconds)
+    # The fastest of the confirmed finalists (of all, if none confirmed).
+    confirmed = [m for m in timed if m.confirmation_rounds]
+    fastest = min(confirmed or timed, key=lambda m: m.median_seconds)
     assert result.config == fastest.config and not result.from_cache
     assert type(ops).__name__ == result.config[0]
     # The candidates left out say why; the budget was the reason.
@@ -143,12 +145,33 @@ def test_a_keras_model_is_its_trainable_weights(tmp_path, monkeypatch):
     assert spy.calls == 0 and again.autotune_result.from_cache
 
 
-def test_a_corrupt_cache_file_is_ignored_with_a_warning(tmp_path, monkeypatch):
+OLD_FORMAT = {
+    "format": 0,
+    "config": ["ReductionToOneDevice", {}],
+    "label": "ReductionToOneDevice",
+    "budget_seconds": 100.0,
+    "complete": True,
+}
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ('{"format": 1, "config": ["NoSuchAllReduce", {}]', "corrupt"),
+        ('{"format": 1, "config": 3}', "corrupt"),
+        ("[1, 2]", "corrupt"),
+        (json.dumps(OLD_FORMAT), "of format 0"),
+    ],
+    ids=["truncated", "bad_config", "not_a_dict", "old_format"],
+)
+def test_a_corrupt_cache_file_is_ignored_with_a_warning(
+    text, why, tmp_path, monkeypatch
+):
     devices = testing.cpu_devices(2)
     topology = _autotune.Topology.of(devices)
     grads = _autotune.normalize_gradients(GRADIENTS)
     path = _autotune.cache_file(topology, grads, tmp_path)
-    path.write_text('{"format": 1, "config": ["NoSuchAllReduce", {}]')
+    path.write_text(text)
     warnings = []
     monkeypatch.setattr(
         absl_logging,
@@ -161,7 +184,7 @@ def test_a_corrupt_cache_file_is_ignored_with_a_warning(tmp_path, monkeypatch):
     )
     assert spy.calls >= 1
     assert len(warnings) == 1 and str(path) in warnings[0]
-    assert "corrupt" in warnings[0]
+    assert why in warnings[0]
     # Rewritten whole (atomically: no temporary file left behind).
     assert json.loads(path.read_text())["format"] == _autotune.CACHE_FORMAT
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
@@ -326,3 +349,279 @@ def test_bad_arguments_name_the_argument(kwargs, error, message, tmp_path):
         tf_crossdevice.autotune(
             arguments.pop("gradients"), arguments.pop("devices"), **arguments
         )
+
+
+# --- Confirmation among near-equal finalists (issue #15) -------------------
+
+
+def test_finalists_are_the_near_best_two_to_three_fastest_first():
+    medians = {"a": 1.20, "b": 1.00, "c": 1.14, "d": 1.16, "e": 1.05}
+    # Within 15% of 1.00: b, e, c (d is 16% slower); three at most.
+    assert _autotune.finalists(medians) == ["b", "e", "c"]
+    assert _autotune.finalists(medians, most=2) == ["b", "e"]
+    assert _autotune.finalists(medians, within=0.5, most=10) == [
+        "b",
+        "e",
+        "c",
+        "d",
+        "a",
+    ]
+    # The runner-up is always checked, however far behind.
+    assert _autotune.finalists({"a": 1.0, "b": 9.0}) == ["a", "b"]
+    assert _autotune.finalists({"a": 1.0}) == ["a"]
+    assert _autotune.finalists({}) == []
+
+
+def test_confirmation_rounds_fit_the_budget_left():
+    assert _autotune.confirmation_rounds(0.2, 100.0) == 10  # at most 10
+    assert _autotune.confirmation_rounds(0.2, 1.3) == 6  # floor(6.5)
+    assert _autotune.confirmation_rounds(0.2, 0.6) == 3
+    assert _autotune.confirmation_rounds(0.2, 0.59) == 0  # not even 3
+    assert _autotune.confirmation_rounds(0.2, -5.0) == 0  # overran
+
+
+class FakeTimer:
+    """A timer returning fixed seconds per call; counts its calls."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.reps = []
+
+    def __call__(self, reps):
+        self.reps.append(reps)
+        if self.seconds is None:
+            raise RuntimeError("not a finalist: never timed again")
+        return self.seconds
+
+
+def test_confirmation_times_the_finalists_again_and_combines_samples():
+    # First rounds: a looks fastest, b and c within 15%, d far behind.
+    samples = {
+        "a": [1.00, 1.01, 0.99, 1.00, 1.02],
+        "b": [1.10, 1.08, 1.12, 1.09, 1.11],
+        "c": [1.12, 1.13, 1.11, 1.14, 1.12],
+        "d": [2.00, 2.10, 1.90, 2.00, 2.00],
+    }
+    first = {k: list(v) for k, v in samples.items()}
+    # Confirmation: b is really the fastest, a was lucky.
+    timers = {
+        "a": FakeTimer(1.30),
+        "b": FakeTimer(1.00),
+        "c": FakeTimer(1.20),
+        "d": FakeTimer(None),
+    }
+    reps = {"a": 2, "b": 3, "c": 1, "d": 5}
+    # One finalists' round: 2 * 1.00 + 3 * 1.10 + 1 * 1.12 = 6.42 s.
+    final, rounds, errors = _autotune._confirm(samples, timers, reps, 30.0)
+    assert final == ["a", "b", "c"] and rounds == 4 and errors == {}
+    for k in final:
+        assert timers[k].reps == [reps[k]] * 4
+        assert samples[k] == first[k] + [timers[k].seconds] * 4
+    assert timers["d"].reps == [] and samples["d"] == first["d"]
+    medians = {k: np.median(first[k] + [timers[k].seconds] * 4) for k in final}
+    assert medians == pytest.approx({"a": 1.02, "b": 1.08, "c": 1.14})
+    # a still wins on 9 samples: 4 slow ones do not outvote 5 fast ones.
+    assert _autotune.fastest(samples) == "a"
+    # With the most rounds, the confirmation outvotes the first rounds.
+    samples = {k: list(v) for k, v in first.items()}
+    final, rounds, _ = _autotune._confirm(samples, timers, reps, 1000.0)
+    assert rounds == 10
+    assert np.median(samples["b"]) == pytest.approx(1.00)
+    assert np.median(samples["a"]) == pytest.approx(1.30)
+    assert _autotune.fastest(samples) == "b"
+
+
+def test_without_budget_for_confirmation_the_first_rounds_decide():
+    samples = {"a": [1.0, 1.0, 1.0], "b": [1.05, 1.04, 1.06]}
+    timers = {"a": FakeTimer(None), "b": FakeTimer(None)}
+    # A round of both takes 2.05 s; 3 rounds need 6.15 s.
+    final, rounds, errors = _autotune._confirm(
+        samples, timers, {"a": 1, "b": 1}, 6.0
+    )
+    assert (final, rounds, errors) == (["a", "b"], 0, {})
+    assert samples == {"a": [1.0, 1.0, 1.0], "b": [1.05, 1.04, 1.06]}
+    assert _autotune.fastest(samples) == "a"
+
+
+def test_a_finalist_that_fails_when_confirmed_drops_out():
+    samples = {"a": [1.0], "b": [1.1]}
+    timers = {"a": FakeTimer(None), "b": FakeTimer(1.2)}
+    final, rounds, errors = _autotune._confirm(
+        samples, timers, {"a": 1, "b": 1}, 100.0
+    )
+    assert final == ["a", "b"] and rounds == 10
+    assert list(errors) == ["a"] and "RuntimeError" in errors["a"]
+    assert list(samples) == ["b"] and _autotune.fastest(samples) == "b"
+
+
+def three_candidates(monkeypatch):
+    """autotune tries only the first three candidates: with a budget of
+    3 s all three are built, timed and confirmed even on a busy machine."""
+    candidates = _autotune.candidates
+    monkeypatch.setattr(
+        _autotune, "candidates", lambda t, g: candidates(t, g)[:3]
+    )
+
+
+def test_no_budget_to_confirm_still_gives_a_verified_choice(
+    tmp_path, monkeypatch
+):
+    """autotune logs the skipped confirmation and keeps the first rounds'
+    fastest (no confirmation round fits)."""
+    three_candidates(monkeypatch)
+    monkeypatch.setattr(_autotune, "confirmation_rounds", lambda *a: 0)
+    lines = []
+    monkeypatch.setattr(
+        absl_logging, "info", lambda msg, *args: lines.append(msg % args)
+    )
+    devices = testing.cpu_devices(2)
+    ops = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=3, cache_dir=tmp_path
+    )
+    result = ops.autotune_result
+    timed = [m for m in result.measurements if m.median_seconds is not None]
+    assert len(timed) == 3 and all(m.verified for m in timed)
+    assert all(m.confirmation_rounds == 0 for m in result.measurements)
+    assert any("no confirmation of the" in line for line in lines)
+    assert not any("finalist" in line and " ms" in line for line in lines)
+    fastest = min(timed, key=lambda m: m.median_seconds)
+    assert result.config == fastest.config
+    batch_sums_like_numpy(ops, devices)
+
+
+def test_confirmed_finalists_are_logged_and_recorded(tmp_path, monkeypatch):
+    three_candidates(monkeypatch)
+    lines = []
+    monkeypatch.setattr(
+        absl_logging, "info", lambda msg, *args: lines.append(msg % args)
+    )
+    devices = testing.cpu_devices(2)
+    ops = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=3, cache_dir=tmp_path
+    )
+    result = ops.autotune_result
+    confirmed = [m for m in result.measurements if m.confirmation_rounds]
+    finalist_lines = [line for line in lines if "autotune: finalist" in line]
+    assert len(finalist_lines) == len(confirmed)
+    assert 2 <= len(confirmed) <= 3
+    assert {m.confirmation_rounds for m in confirmed} <= set(range(3, 11))
+    fastest = min(confirmed, key=lambda m: m.median_seconds)
+    assert result.label == fastest.label
+    # One line per finalist, with its median over all its samples.
+    for m in confirmed:
+        (line,) = [x for x in finalist_lines if f"finalist {m.label}:" in x]
+        assert f" {m.median_seconds * 1e3:.2f} ms" in line
+        assert f"+ {m.confirmation_rounds} confirmation rounds" in line
+    # The cache keeps the new field; a second call reads it back.
+    again = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=3, cache_dir=tmp_path
+    )
+    assert again.autotune_result.from_cache
+    assert again.autotune_result.measurements == result.measurements
+
+
+# --- Cache versions ---------------------------------------------------------
+
+
+def test_a_cache_of_another_candidate_list_is_measured_again(
+    tmp_path, monkeypatch
+):
+    devices = testing.cpu_devices(2)
+    topology = _autotune.Topology.of(devices)
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    current = _autotune.candidates(topology, grads)
+    old = [c for c in current if c[0] == "ReductionToOneDevice"]
+    monkeypatch.setattr(_autotune, "candidates", lambda t, g: list(old))
+    old_path = _autotune.cache_file(topology, grads, tmp_path)
+    entry = {
+        "format": _autotune.CACHE_FORMAT,
+        "config": ["ReductionToOneDevice", {}],
+        "label": "ReductionToOneDevice",
+        "budget_seconds": 100.0,
+        "complete": True,
+    }
+    _autotune.write_cache(old_path, entry)
+    spy = PrepareSpy(monkeypatch)
+    ops = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=0.5, cache_dir=tmp_path
+    )
+    assert spy.calls == 0 and ops.autotune_result.from_cache
+    # Today's list: another file, measured again.
+    monkeypatch.setattr(_autotune, "candidates", lambda t, g: list(current))
+    new_path = _autotune.cache_file(topology, grads, tmp_path)
+    assert new_path != old_path
+    ops = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=0.5, cache_dir=tmp_path
+    )
+    assert spy.calls >= 1 and not ops.autotune_result.from_cache
+    assert ops.autotune_result.cache_file == str(new_path)
+    batch_sums_like_numpy(ops, devices)
+
+
+def test_cached_records_without_the_newer_fields_are_read(
+    tmp_path, monkeypatch
+):
+    """An entry written before `confirmation_rounds` existed (and one with
+    a field this version does not know) still reads."""
+    devices = testing.cpu_devices(2)
+    topology = _autotune.Topology.of(devices)
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    record = {
+        "label": "ReductionToOneDevice",
+        "config": ["ReductionToOneDevice", {}],
+        "predicted_seconds": None,
+        "verified": True,
+        "error": None,
+        "build_seconds": 0.25,
+        "median_seconds": 0.003,
+    }
+    entry = {
+        "format": _autotune.CACHE_FORMAT,
+        "config": ["ReductionToOneDevice", {}],
+        "label": "ReductionToOneDevice",
+        "budget_seconds": 10.0,
+        "complete": True,
+        "measurements": [record, record | {"from_the_future": 1}],
+    }
+    path = _autotune.cache_file(topology, grads, tmp_path)
+    _autotune.write_cache(path, entry)
+    spy = PrepareSpy(monkeypatch)
+    ops = tf_crossdevice.autotune(
+        GRADIENTS, devices, budget_seconds=1, cache_dir=tmp_path
+    )
+    assert spy.calls == 0 and ops.autotune_result.from_cache
+    first, second = ops.autotune_result.measurements
+    assert first == second
+    assert first.confirmation_rounds == 0 and first.median_seconds == 0.003
+    assert first.config == ("ReductionToOneDevice", {})
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)],
+        [f"/job:localhost/replica:0/task:0/device:GPU:{i}" for i in range(4)],
+        [
+            f"/job:worker/replica:0/task:{t}/device:CPU:{i}"
+            for t in (0, 1)
+            for i in (0, 1)
+        ],
+    ],
+    ids=["cpu4", "gpu4", "2_workers_x2"],
+)
+def test_the_cost_model_prices_every_candidate(devices):
+    """The two lists differ on purpose (the model ranks many cheaply,
+    autotune builds a few), but speak one config language: the model
+    orders every autotune candidate, none falls to the unpredicted tail."""
+    from tf_crossdevice import cost_model
+
+    topology = _autotune.Topology.of(devices)
+    grads = _autotune.normalize_gradients(GRADIENTS)
+    for config in _autotune.candidates(topology, grads):
+        seconds = cost_model.predict(
+            config,
+            grads,
+            devices_per_worker=topology.local_devices,
+            num_workers=topology.num_workers,
+        )
+        assert seconds > 0, _autotune.label(config)

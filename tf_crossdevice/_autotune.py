@@ -24,8 +24,8 @@ import statistics
 import tempfile
 import time
 import types
-from collections.abc import Sequence
-from typing import Any, TypeAlias
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 import tensorflow as tf
 from absl import logging
@@ -43,6 +43,7 @@ from tf_crossdevice._schedules import devices as devices_lib
 
 Config: TypeAlias = tuple[str, dict[str, Any]]
 GradientList: TypeAlias = list[tuple[tuple[int, ...], str]]
+Key = TypeVar("Key", bound=Hashable)
 
 CACHE_FORMAT = 1
 # Small-tensor aggregation as the benchmark ran it: up to 64 KiB, 1024 a group.
@@ -51,6 +52,10 @@ AGGREGATE = {
     "agg_small_grads_max_group": 1024,
 }
 _ROUNDS = 5
+# Confirmation among the finalists: those within this of the best median.
+_WITHIN = 0.15
+_FINALISTS = 3
+_CONFIRM_ROUNDS = (3, 2 * _ROUNDS)  # fewest worth running, most
 _TARGET_SECONDS = 0.02  # one measurement repeats a step about this long
 _MAX_REPS = 50
 _SAFETY = 1.25  # on estimated build times
@@ -112,7 +117,10 @@ class Measurement:
         verified: matched numpy (None: not built, see `error`).
         error: why it has no time (failed, or skipped for the budget).
         build_seconds: tracing, the first runs and the check.
-        median_seconds: median over the interleaved rounds.
+        median_seconds: median over all its timed rounds (the first
+            interleaved rounds and, for a finalist, the confirmation).
+        confirmation_rounds: rounds it was timed again as a finalist
+            (0: not a finalist, or no budget left to confirm).
     """
 
     label: str
@@ -122,6 +130,7 @@ class Measurement:
     error: str | None = None
     build_seconds: float = 0.0
     median_seconds: float | None = None
+    confirmation_rounds: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -568,12 +577,15 @@ def cache_file(
     """The cache file of a topology and gradient set.
 
     The name hashes the device type, the devices per worker, the number of
-    workers, TensorFlow's and this package's versions and the gradients'
-    shapes and dtypes in order (not the device names or addresses).
+    workers, TensorFlow's and this package's versions, the gradients'
+    shapes and dtypes in order (not the device names or addresses) and the
+    candidate list (`candidates_digest`), so a choice made among other
+    candidates is measured again.
     """
     import tf_crossdevice
 
     key = {
+        "candidates": candidates_digest(topology, gradients),
         "format": CACHE_FORMAT,
         "device_type": topology.device_type,
         "devices_per_worker": list(topology.devices_per_worker),
@@ -594,6 +606,18 @@ def cache_file(
     return pathlib.Path(folder) / f"{digest[:32]}.json"
 
 
+def candidates_digest(topology: Topology, gradients: GradientList) -> str:
+    """A hash of `candidates` for a topology and gradient set, in order:
+    it changes whenever the candidate list does.
+
+    >>> topology = Topology.of(["/job:localhost/replica:0/task:0/device:CPU:0"])
+    >>> len(candidates_digest(topology, [((4,), "float32")]))
+    16
+    """
+    configs = json.dumps(candidates(topology, gradients), sort_keys=True)
+    return hashlib.sha256(configs.encode()).hexdigest()[:16]
+
+
 def read_cache(path: pathlib.Path, topology: Topology) -> dict[str, Any] | None:
     """The cached entry, or None (missing; corrupt: with a warning)."""
     try:
@@ -606,11 +630,19 @@ def read_cache(path: pathlib.Path, topology: Topology) -> dict[str, Any] | None:
     try:
         entry = json.loads(text)
         if entry.get("format") != CACHE_FORMAT:
-            raise ValueError(f"format {entry.get('format')!r}")
+            logging.warning(
+                "autotune: ignoring cache file %s of format %r (this "
+                "version reads %d); measuring again",
+                path,
+                entry.get("format"),
+                CACHE_FORMAT,
+            )
+            return None
         config = _from_json(entry["config"])
         make_ops(config, topology)
         float(entry["budget_seconds"])
         bool(entry["complete"])
+        measurements = [_measurement(m) for m in entry.get("measurements", [])]
     except Exception as e:  # noqa: BLE001 - any damage: ignore the file.
         logging.warning(
             "autotune: ignoring corrupt cache file %s (%s: %s); measuring "
@@ -621,6 +653,7 @@ def read_cache(path: pathlib.Path, topology: Topology) -> dict[str, Any] | None:
         )
         return None
     entry["config"] = config
+    entry["measurements"] = measurements
     return entry
 
 
@@ -686,6 +719,98 @@ def _build_estimate(units: float, built: list[tuple[float, float]]) -> float:
     return _SAFETY * statistics.median(scaled) if scaled else 0.0
 
 
+def finalists(
+    medians: Mapping[Key, float],
+    within: float = _WITHIN,
+    most: int = _FINALISTS,
+) -> list[Key]:
+    """The candidates to time again: fastest first, those whose median is
+    within `within` (relative) of the best, at most `most`, and at least
+    two where two or more were timed (the runner-up is always checked).
+
+    >>> finalists({"ring": 1.3, "pscpu": 1.0, "psgpu": 1.1, "rechd": 1.12})
+    ['pscpu', 'psgpu', 'rechd']
+    >>> finalists({"ring": 3.0, "pscpu": 1.0}), finalists({"pscpu": 1.0})
+    (['pscpu', 'ring'], ['pscpu'])
+    """
+    order = sorted(medians, key=lambda k: medians[k])
+    if not order:
+        return []
+    limit = medians[order[0]] * (1 + within)
+    close = [k for k in order if medians[k] <= limit]
+    return order[: max(min(len(close), most), min(2, len(order)))]
+
+
+def confirmation_rounds(
+    seconds_per_round: float,
+    seconds_left: float,
+    least: int = _CONFIRM_ROUNDS[0],
+    most: int = _CONFIRM_ROUNDS[1],
+) -> int:
+    """How many confirmation rounds fit in the budget left: at most
+    `most`, 0 where not even `least` fit.
+
+    >>> confirmation_rounds(0.1, 2.0), confirmation_rounds(0.1, 0.55)
+    (10, 5)
+    >>> confirmation_rounds(0.1, 0.25), confirmation_rounds(0.1, -3.0)
+    (0, 0)
+    """
+    if seconds_per_round <= 0:
+        return most
+    # 1e-9: 0.6 / 0.2 is 2.999..., three rounds fit.
+    fit = math.floor(max(seconds_left, 0.0) / seconds_per_round + 1e-9)
+    fit = min(most, fit)
+    return fit if fit >= least else 0
+
+
+def fastest(samples: Mapping[Key, Sequence[float]]) -> Key:
+    """The entry with the smallest median of its samples (the first of
+    equal ones).
+
+    >>> fastest({"pscpu": [3.4, 2.7, 3.5, 3.3], "psgpu": [2.9, 2.8, 3.0]})
+    'psgpu'
+    """
+    timed = [k for k, v in samples.items() if v]
+    if not timed:
+        raise ValueError("samples: expected an entry with samples, got none")
+    return min(timed, key=lambda k: statistics.median(samples[k]))
+
+
+def _confirm(
+    samples: dict[Key, list[float]],
+    timers: Mapping[Key, _measure.TimeFn],
+    reps: Mapping[Key, int],
+    seconds_left: float,
+) -> tuple[list[Key], int, dict[Key, str]]:
+    """Times the finalists of `samples` again in interleaved rounds, as
+    many as fit in `seconds_left`, and adds the new samples to theirs.
+
+    Returns:
+        (the finalists, the rounds run (0: none fit), errors of finalists
+        that raised; their samples are dropped from `samples`).
+    """
+    medians = {k: statistics.median(v) for k, v in samples.items() if v}
+    chosen = finalists(medians)
+    if len(chosen) < 2:
+        return chosen, 0, {}
+    per_round = sum(reps[k] * medians[k] for k in chosen)
+    rounds = confirmation_rounds(per_round, seconds_left, *_CONFIRM_ROUNDS)
+    if not rounds:
+        return chosen, 0, {}
+    names = {str(k): k for k in chosen}
+    more, failed = _measure.interleaved_rounds(
+        {n: timers[k] for n, k in names.items()},
+        {n: reps[k] for n, k in names.items()},
+        rounds,
+        seed=1,
+    )
+    for name, values in more.items():
+        samples[names[name]].extend(values)
+    for name in failed:
+        samples.pop(names[name])
+    return chosen, rounds, {names[n]: e for n, e in failed.items()}
+
+
 def _check_for(config: Config, inputs: _measure.Inputs, stages: int) -> Any:
     codec = config[1].get("compression")
     if not codec:
@@ -716,22 +841,33 @@ def autotune(
     the real devices inside a `tf.function`; its result is checked against
     numpy (exactly; within the codec's rounding with compression) before it
     counts. Building and checking count against the budget: a candidate
-    whose estimated build (scaled from the builds so far) and timing would
-    not fit in what is left is skipped. Builds cannot be interrupted, so a
+    whose estimated build (scaled from the builds so far) and timing (the
+    first rounds and 3 confirmation rounds, below) would not fit in what is
+    left is skipped. Builds cannot be interrupted, so a
     slow one can overrun the estimate; at least one candidate is always
     built, even past the budget, until one verifies. The verified ones are
     then timed in interleaved rounds (every candidate once per round, in a
-    new random order) and the one with the smallest median wins.
+    new random order). The finalists (up to three within 15% of the best
+    median, at least the best two) are timed again in up to 10 more
+    interleaved rounds among themselves where the budget left allows at
+    least 3 (else a log line says so), so that noise in the short first
+    rounds does not decide between near-equal ones. The finalist with the
+    smallest median over all its samples wins (without confirmation: the
+    candidate with the smallest median).
 
     Progress is logged with absl logging at INFO, one line per candidate
     ("autotune [3/12] SpecAllReduce xring num_packs=1: 4.21 ms, 31 s of
-    budget left"). The returned object's `autotune_result` attribute (an
-    `AutotuneResult`) holds every measurement and the cache file.
+    budget left") and one per confirmed finalist ("autotune: finalist
+    SpecAllReduce psgpu num_packs=1: 2.83 ms, median of 5 + 10
+    confirmation rounds"). The returned object's `autotune_result`
+    attribute (an `AutotuneResult`) holds every measurement and the cache
+    file.
 
     The choice is cached in a JSON file in `cache_dir` (None:
     `$XDG_CACHE_HOME`, else `~/.cache`, + `/tf_crossdevice/autotune`), named
     by a hash of the topology (device type, devices per worker, workers,
-    TensorFlow and package versions) and the gradients' shapes and dtypes.
+    TensorFlow and package versions), the gradients' shapes and dtypes and
+    the list of candidates (a choice among other candidates is not reused).
     A later call with the same ones returns the cached choice without
     measuring, unless that was measured with a smaller budget and left
     candidates out. Delete the file to measure again. Unreadable files are
@@ -794,9 +930,7 @@ def autotune(
             AutotuneResult(
                 config=entry["config"],
                 label=entry["label"],
-                measurements=tuple(
-                    _measurement(m) for m in entry.get("measurements", [])
-                ),
+                measurements=tuple(entry["measurements"]),
                 budget_seconds=entry["budget_seconds"],
                 elapsed_seconds=time.monotonic() - start,
                 complete=entry["complete"],
@@ -823,10 +957,15 @@ def autotune(
     return _with_result(make_ops(result.config, topology), result)
 
 
+_MEASUREMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Measurement))
+
+
 def _measurement(data: dict[str, Any]) -> Measurement:
-    data = dict(data)
-    data["config"] = _from_json(data["config"])
-    return Measurement(**data)
+    """A cached record; fields added since it was written take their
+    defaults, fields unknown here are dropped."""
+    known = {k: v for k, v in data.items() if k in _MEASUREMENT_FIELDS}
+    known["config"] = _from_json(known["config"])
+    return Measurement(**known)
 
 
 def _with_result(
@@ -859,7 +998,10 @@ def _search(
         units = _graph_units(config, gradients, topology)
         estimate = _build_estimate(units, built)
         guess = max(_TARGET_SECONDS, per_round / max(len(timers), 1))
+        # The first rounds with this one, and the fewest confirmation
+        # rounds of the finalists.
         timing = _ROUNDS * (per_round + guess)
+        timing += _CONFIRM_ROUNDS[0] * _FINALISTS * guess
         if timers and estimate + timing > left:
             why = (
                 f"skipped: estimated {estimate:.1f} s to build and "
@@ -921,23 +1063,57 @@ def _search(
         raise RuntimeError(f"autotune: no candidate verified: {failures}")
     left = budget - (time.monotonic() - start)
     rounds = max(1, min(_ROUNDS, int(left / per_round) if per_round else 1))
-    samples, errors = _measure.interleaved_rounds(
+    timed, errors = _measure.interleaved_rounds(
         {str(i): t for i, t in timers.items()},
         {str(i): r for i, r in reps.items()},
         rounds,
     )
-    medians = {int(k): statistics.median(v) for k, v in samples.items() if v}
+    samples = {int(k): v for k, v in timed.items() if v}
+    if not samples:
+        raise RuntimeError(f"autotune: every candidate failed: {errors}")
+    left = budget - (time.monotonic() - start)
+    final, confirmed, failed = _confirm(samples, timers, reps, left)
+    errors |= {str(i): e for i, e in failed.items()}
     for k, error in errors.items():
         records[int(k)] = dataclasses.replace(
             records[int(k)], verified=True, error=error
         )
-    if not medians:
+    if len(final) >= 2 and not confirmed:
+        logging.info(
+            "autotune: no confirmation of the %d finalists (%.1f s of "
+            "budget left, too little for %d rounds)",
+            len(final),
+            max(left, 0),
+            _CONFIRM_ROUNDS[0],
+        )
+    if not samples:
         raise RuntimeError(f"autotune: every candidate failed: {errors}")
     records = [
-        dataclasses.replace(m, median_seconds=medians.get(i))
+        dataclasses.replace(
+            m,
+            median_seconds=(
+                statistics.median(samples[i]) if i in samples else None
+            ),
+            confirmation_rounds=(
+                confirmed if i in final and i in samples else 0
+            ),
+        )
         for i, m in enumerate(records)
     ]
-    best = min(medians, key=lambda i: medians[i])
+    for i in final if confirmed else ():
+        logging.info(
+            "autotune: finalist %s: %s",
+            records[i].label,
+            f"{statistics.median(samples[i]) * 1e3:.2f} ms, median of "
+            f"{rounds} + {confirmed} confirmation rounds"
+            if i in samples
+            else f"failed ({records[i].error})",
+        )
+    # Confirmed finalists were timed together, later: compare only them.
+    contenders = [i for i in final if i in samples] if confirmed else []
+    best = fastest(
+        {i: samples[i] for i in contenders} if contenders else samples
+    )
     chosen = records[best]
     elapsed = time.monotonic() - start
     measured = sum(1 for m in records if m.median_seconds is not None)
@@ -945,8 +1121,8 @@ def _search(
         "autotune: chose %s (%.2f ms, median of %d rounds; %d of %d "
         "candidates timed) in %.0f s of a %g s budget",
         chosen.label,
-        medians[best] * 1e3,
-        rounds,
+        statistics.median(samples[best]) * 1e3,
+        len(samples[best]),
         measured,
         total,
         elapsed,

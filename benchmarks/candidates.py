@@ -53,6 +53,7 @@ COMPRESSIONS = ("bf16", "fp16")
 # Our collectives, each inside tf_crossdevice.MultiWorkerMirroredStrategy.
 STRATEGY_OPS = ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
 STRATEGY_BYTES_PER_PACK = (0, 4 << 20)  # 0: the class's own choice
+# Each also runs with every codec of COMPRESSIONS, at bytes_per_pack 0 only.
 # Our algorithms the single-process groups leave out, and why.
 SKIPPED = {
     "ours NcclAllReduce, SpecAllReduce nccl (and nccl/*)": "NCCL has no CPU "
@@ -187,20 +188,81 @@ def strategy_candidates(quick: bool = False) -> list[Candidate]:
     HierarchicalCollectiveAllReduce in tf_crossdevice's
     MultiWorkerMirroredStrategy, one process per worker with k local
     devices, each class with its default packing and (unless `quick`)
-    bytes_per_pack=4MiB.
+    bytes_per_pack=4MiB and wire compression (bf16, fp16; default packing).
 
     >>> [c.name for c in strategy_candidates(quick=True)]
     ['ours CollectiveAllReduce', 'ours HierarchicalCollectiveAllReduce']
+    >>> for c in strategy_candidates()[:4]:
+    ...     print(c.name)
+    ours CollectiveAllReduce
+    ours CollectiveAllReduce bytes_per_pack=4MiB
+    ours CollectiveAllReduce compression=bf16
+    ours CollectiveAllReduce compression=fp16
     """
     out = []
     for ops in STRATEGY_OPS:
+        settings: list[tuple[str, dict[str, Any]]] = []
         for size in STRATEGY_BYTES_PER_PACK[: 1 if quick else None]:
             label = f" bytes_per_pack={size >> 20}MiB" if size else ""
-            kwargs = {"cross_device_ops": ops, "bytes_per_pack": size}
+            settings.append((label, {"bytes_per_pack": size}))
+        for codec in () if quick else COMPRESSIONS:
+            settings.append(
+                (
+                    f" compression={codec}",
+                    {"bytes_per_pack": 0, "compression": codec},
+                )
+            )
+        for label, kwargs in settings:
             out.append(
-                Candidate(f"ours {ops}{label}", "ours", "ours_mwms", kwargs)
+                Candidate(
+                    f"ours {ops}{label}",
+                    "ours",
+                    "ours_mwms",
+                    {"cross_device_ops": ops} | kwargs,
+                )
             )
     return out
+
+
+def num_workers(devices: Sequence[str]) -> int:
+    """How many workers (job, replica, task) `devices` span.
+
+    >>> num_workers(["/job:worker/replica:0/task:0/device:CPU:0",
+    ...              "/job:worker/replica:0/task:1/device:CPU:0",
+    ...              "/job:worker/replica:0/task:1/device:CPU:1"])
+    2
+    """
+    return len({d.split("/device:")[0] for d in devices})
+
+
+def relative_tolerance(candidate: Candidate, workers: int) -> float | None:
+    """How far a candidate's sums may stray from numpy's, relative to the
+    sum of the replicas' absolute values; None: it must match exactly.
+
+    Without `compression` every sum is exact (integer inputs). With it,
+    README "Wire compression": a value rounded at most k times to 16 bits
+    errs by ((1+u)**k - 1) * sum|x_i| (about k*u*sum|x_i|) plus absolute
+    terms (the fp16 scale's a*m, the smallest normal) that stay far below
+    u*|x| for integers of at least 1. Per spec across p workers k is 2
+    (pscpu, psgpu, two-level pscpu specs), 3 (hierarchical_copy), p + 1
+    (xring) or ceil(log2 p) + 2 (rechd); our collectives round each
+    member's value once (k = 1). k = p + 2 bounds them all (ceil(log2 p)
+    <= p), and 2*k*u covers ((1+u)**k - 1), the absolute terms and
+    float32's own additions with room to spare.
+
+    >>> c = Candidate("x", "ours", "ours_multi_worker", {"compression": "bf16"})
+    >>> relative_tolerance(c, 3) == 2 * 5 * 2.0**-8
+    True
+    >>> relative_tolerance(Candidate("y", "tf", "tf_r1d"), 3) is None
+    True
+    """
+    codec = candidate.kwargs.get("compression")
+    if not codec:
+        return None
+    from tf_crossdevice._builders import compression  # imports TensorFlow
+
+    roundings = workers + 2
+    return 2 * roundings * compression.RELATIVE_ERROR[codec]
 
 
 def _compile(patterns: str) -> list[re.Pattern[str]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import re
 import statistics
@@ -28,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks import candidates as candidates_lib
+from benchmarks import records
 from benchmarks import workloads as workloads_lib
 from benchmarks.candidates import Candidate
 from tf_crossdevice import cost_model
@@ -86,10 +86,10 @@ def config_of(
         return ("tf.MultiWorkerMirroredStrategy", config), 1
     if kind == "ours_mwms":
         options = {"bytes_per_pack": kwargs["bytes_per_pack"]}
-        return (
-            (kwargs["cross_device_ops"], {"options": options}),
-            devices_per_worker,
-        )
+        config = {"options": options}
+        if kwargs.get("compression"):
+            config["compression"] = kwargs["compression"]
+        return (kwargs["cross_device_ops"], config), devices_per_worker
     raise ValueError(f"candidate.kind: unknown kind {kind!r}")
 
 
@@ -107,70 +107,26 @@ class Row:
         return self.predicted / self.measurement.seconds
 
 
-@dataclasses.dataclass
-class _Group:
-    """What the fit needs of a group, from either record format."""
-
-    label: str
-    setting: str
-    workload: str
-    num_replicas: int
-    local_devices: int
-    # (result name, its candidate if the record stores it, net seconds)
-    results: list[tuple[str, Candidate | None, float]]
-
-
-def _result_ok(r: dict[str, Any]) -> bool:
-    status = r.get("timing", r)  # records.Result, or the older flat dict
-    return status.get("error") is None and status.get("verified") is not False
-
-
-def read_groups(path: pathlib.Path) -> list[_Group]:
-    """The timed groups of a results JSON: `records.Run`'s format, or the
-    older one (flat results that carry their candidate, confirmed times
-    under "times")."""
-    data = json.loads(path.read_text())
+def read_groups(
+    path: pathlib.Path,
+) -> list[tuple[str, records.Group, list[tuple[str, float]]]]:
+    """The timed groups of a results JSON (`records.Run.read`): each with
+    its label and (name, net seconds) of its verified, timed results (the
+    confirmation rounds' time where it was re-timed)."""
     out = []
-    for g in data["groups"]:
-        if g.get("error") or g.get("skipped"):
+    for g in records.Run.read(path).groups:
+        if g.error or g.skipped:
             continue
-        confirmed = g.get("confirmed") or {}
-        confirmed = confirmed.get("times", confirmed)
         results = []
-        for r in g["results"]:
-            seconds = confirmed.get(r["name"], r.get("time_seconds"))
-            if not _result_ok(r) or not seconds:
-                continue
-            stored = r.get("candidate")
-            candidate = (
-                Candidate(
-                    stored["name"],
-                    stored["family"],
-                    stored["kind"],
-                    stored.get("kwargs", {}),
-                )
-                if stored
-                else None
-            )
-            results.append((r["name"], candidate, float(seconds)))
-        single = g["setting"] == "single_process"
-        local = g.get("local_devices", 1)
-        scope = (
-            f"{g['num_replicas']} devices"
-            if single
-            else f"{g['num_replicas']} workers x {local}"
-        )
-        label = f"{path.stem}: {g['workload']}, {scope}"
-        out.append(
-            _Group(
-                label,
-                g["setting"],
-                g["workload"],
-                g["num_replicas"],
-                local,
-                results,
-            )
-        )
+        for r in g.results:
+            seconds = g.time(r.name) if r.ok else None
+            if seconds:
+                results.append((r.name, seconds))
+        if g.setting == "single_process":
+            scope = f"{g.num_replicas} devices"
+        else:
+            scope = f"{g.num_replicas} workers x {g.local_devices}"
+        out.append((f"{path.stem}: {g.workload}, {scope}", g, results))
     return out
 
 
@@ -179,7 +135,7 @@ def read_rows(paths: Sequence[pathlib.Path]) -> list[Row]:
     rooflines and baselines are not all-reduces, so they are left out)."""
     rows = []
     for path in paths:
-        for g in read_groups(path):
+        for label, g, results in read_groups(path):
             workload = workload_named(g.workload)
             known = {
                 c.name: c
@@ -190,15 +146,15 @@ def read_rows(paths: Sequence[pathlib.Path]) -> list[Row]:
             single = g.setting == "single_process"
             workers = 1 if single else g.num_replicas
             local = g.num_replicas if single else g.local_devices
-            for name, candidate, seconds in g.results:
-                candidate = candidate or known.get(name)
+            for name, seconds in results:
+                candidate = known.get(name)
                 if candidate is None:
                     continue
                 config, k = config_of(candidate, local)
                 m = cost_model.Measurement(
                     config, gradients_of(workload), k, workers, seconds
                 )
-                rows.append(Row(g.label, name, m))
+                rows.append(Row(label, name, m))
     return rows
 
 

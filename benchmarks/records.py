@@ -5,7 +5,9 @@ process, or p worker processes). Its entries are candidates ("ours", "tf"),
 rooflines, bounds and baselines, each with a `_measure.Timing`. A result's
 time is its median minus its baseline's median: the all-reduce's own cost,
 as nccl-tests times it, without the cost of producing its inputs. JSON is
-`dataclasses.asdict` of a `Run`; `Run.read` turns it back into records.
+`dataclasses.asdict` of a `Run`; `Run.read` turns it back into records
+(also the first format's, docs/benchmark/rest.json and small8.json: see
+`upgraded_group`).
 
 >>> def entry(name, family, baseline, seconds):
 ...     return entry_of(name, family, baseline, [seconds] * 3)
@@ -108,6 +110,9 @@ class Group:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Group:
+        if isinstance(data.get("baselines"), dict):  # the first format
+            data = upgraded_group(data)
+
         def result(d: dict[str, Any]) -> Result:
             t = dict(d["timing"], samples=tuple(d["timing"]["samples"]))
             return Result(**{**d, "timing": _measure.Timing(**t)})
@@ -173,7 +178,68 @@ class Run:
         data = json.loads(path.read_text())
         groups = [Group.from_dict(g) for g in data["groups"]]
         targets = [Target(**t) for t in data["targets"]]
-        return cls(data["meta"], data["skipped"], groups, targets)
+        skipped = data["skipped"]
+        if isinstance(skipped, list):  # the first format: name and reason
+            skipped = {s["name"]: s["reason"] for s in skipped}
+        return cls(data["meta"], skipped, groups, targets)
+
+
+def _upgraded_result(d: dict[str, Any]) -> dict[str, Any]:
+    steps = d.get("step_seconds") or {}
+    timing = _measure.Timing(
+        d["name"],
+        d.get("verified"),
+        d.get("error"),
+        d.get("build_seconds", 0.0),
+        d.get("reps", 0),
+        tuple(steps.get("samples", ())),
+        steps.get("median"),
+        steps.get("q25"),
+        steps.get("q75"),
+    )
+    return {
+        "name": d["name"],
+        "family": d["family"],
+        "baseline": d.get("baseline"),
+        "timing": dataclasses.asdict(timing),
+        "time_seconds": d.get("time_seconds"),
+        "algbw_gbps": d.get("algbw_GBps"),
+        "busbw_gbps": d.get("busbw_GBps"),
+        "roofline_fraction": d.get("roofline_fraction"),
+        "ratio_to_tf_best": d.get("ratio_to_tf_best"),
+    }
+
+
+def upgraded_group(data: dict[str, Any]) -> dict[str, Any]:
+    """A group of the first format as today's `Group.from_dict` reads it.
+
+    That format kept each entry's timing flat (samples under
+    "step_seconds"), its baselines by name, the confirmation rounds' net
+    times under "times" (with their samples and figures, not kept) and
+    each candidate with its result (not kept: `benchmarks.candidates`
+    names them).
+
+    >>> old = {"setting": "single_process", "workload": "w",
+    ...     "description": "", "num_replicas": 2, "num_tensors": 1,
+    ...     "size_bytes": 8, "count": 2, "dtype": "float32", "baselines": {},
+    ...     "results": [{"name": "x", "family": "ours", "baseline": None,
+    ...         "verified": True, "error": None, "build_seconds": 1.0,
+    ...         "reps": 3, "step_seconds": {"median": 2.0, "q25": 1.0,
+    ...         "q75": 3.0, "samples": [1.0, 2.0, 3.0]},
+    ...         "time_seconds": 2.0, "candidate": {"name": "x"}}],
+    ...     "confirmed": {"rounds": 5, "times": {"x": 1.5}, "samples": {}}}
+    >>> g = Group.from_dict(old)
+    >>> g.results[0].timing.samples, g.time("x"), g.confirmed_rounds
+    ((1.0, 2.0, 3.0), 1.5, 5)
+    """
+    fields = {f.name for f in dataclasses.fields(Group)}
+    out = {k: v for k, v in data.items() if k in fields}
+    out["baselines"] = [_upgraded_result(b) for b in data["baselines"].values()]
+    out["results"] = [_upgraded_result(r) for r in data["results"]]
+    confirmed = data.get("confirmed") or {}
+    out["confirmed"] = dict(confirmed.get("times", {}))
+    out["confirmed_rounds"] = confirmed.get("rounds", 0)
+    return out
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

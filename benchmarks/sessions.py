@@ -60,6 +60,18 @@ def _step(body: Callable[[], _measure.Results], check: Any) -> Built:
     return step.timed, lambda: step.verify(check) if check else None
 
 
+def check_of(
+    candidate: candidates_lib.Candidate,
+    inputs: _measure.Inputs,
+    num_workers: int,
+) -> _measure.Check:
+    """The check of a candidate's results: numpy's sum exactly, or within
+    its codec's rounding (`candidates.relative_tolerance`) with
+    compression across `num_workers` workers."""
+    relative = candidates_lib.relative_tolerance(candidate, num_workers)
+    return inputs.check if relative is None else inputs.check_close(relative)
+
+
 class Session:
     """What a child holds between commands: its inputs and built entries.
 
@@ -160,7 +172,11 @@ class InGraph(Session):
         if candidate is not None:
             c = candidates_lib.Candidate(**candidate)
             ops = candidates_lib.build(c, inputs.devices)
-            return _step(_measure.all_reduce_body(ops, inputs), inputs.check)
+            workers = candidates_lib.num_workers(inputs.devices)
+            return _step(
+                _measure.all_reduce_body(ops, inputs),
+                check_of(c, inputs, workers),
+            )
         if name.startswith(AUTOTUNE):
             return self._autotune(name, inputs)
         if name == INPUTS_BASELINE:
@@ -319,23 +335,27 @@ class OursMwms(Session):
         self.strategies: dict[str, Any] = {}
         strategy = self.strategy(STRATEGY_OPS[0], 0)  # peers are up
         resolver = strategy.cluster_resolver
-        workers = len(resolver.cluster_spec().as_dict()["worker"])
+        self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
         self.devices = list(strategy.extended.worker_devices)
         self.first_replica = resolver.task_id * self.local_devices
-        self.total_replicas = workers * self.local_devices
+        self.total_replicas = self.num_workers * self.local_devices
 
-    def strategy(self, ops: str, bytes_per_pack: int) -> Any:
-        """Our strategy with `ops` (a class name), built once per setting
-        (every worker builds them in the same order)."""
+    def strategy(
+        self, ops: str, bytes_per_pack: int, compression: str | None = None
+    ) -> Any:
+        """Our strategy with `ops` (a class name) and its `compression`,
+        built once per setting (every worker builds them in the same
+        order)."""
         import tf_crossdevice
 
-        key = f"{ops} {bytes_per_pack}"
+        key = f"{ops} {bytes_per_pack} {compression}"
         if key not in self.strategies:
             options = tf.distribute.experimental.CommunicationOptions(
                 bytes_per_pack=bytes_per_pack
             )
+            ops_class = getattr(tf_crossdevice, ops)
             self.strategies[key] = tf_crossdevice.MultiWorkerMirroredStrategy(
-                cross_device_ops=getattr(tf_crossdevice, ops)(),
+                cross_device_ops=ops_class(compression=compression),
                 communication_options=options,
                 local_devices=[f"/cpu:{i}" for i in range(self.local_devices)],
             )
@@ -351,9 +371,11 @@ class OursMwms(Session):
 
             return _step(inputs_body, inputs.check_inputs)
         assert candidate is not None
-        kwargs = candidate["kwargs"]
+        c = candidates_lib.Candidate(**candidate)
         strategy = self.strategy(
-            kwargs["cross_device_ops"], kwargs["bytes_per_pack"]
+            c.kwargs["cross_device_ops"],
+            c.kwargs["bytes_per_pack"],
+            c.kwargs.get("compression"),
         )
 
         def body() -> _measure.Results:
@@ -365,7 +387,7 @@ class OursMwms(Session):
                 list(strategy.experimental_local_results(r)) for r in reduced
             ]
 
-        return _step(body, inputs.check)
+        return _step(body, check_of(c, inputs, self.num_workers))
 
 
 STRATEGY_OPS = candidates_lib.STRATEGY_OPS

@@ -13,6 +13,7 @@ are the issue's.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
@@ -20,6 +21,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from benchmarks import candidates, records, targets, workloads
@@ -256,6 +258,23 @@ def test_records_survive_json(tmp_path):
     assert records.Run.read(tmp_path / "results.json") == run
 
 
+def test_records_read_the_first_format():
+    # docs/benchmark/small8.json predates records.Run: flat results,
+    # baselines by name, confirmation times under "times".
+    path = REPO / "docs" / "benchmark" / "small8.json"
+    raw = json.loads(path.read_text())["groups"][0]
+    (group,) = records.Run.read(path).groups
+    assert [r.name for r in group.results] == [
+        r["name"] for r in raw["results"]
+    ]
+    assert [b.name for b in group.baselines] == list(raw["baselines"])
+    for r, old in zip(group.results, raw["results"], strict=True):
+        assert r.timing.samples == tuple(old["step_seconds"]["samples"])
+        assert r.ok == (old["error"] is None and old["verified"] is not False)
+        want = raw["confirmed"]["times"].get(old["name"], old["time_seconds"])
+        assert group.time(r.name) == (want if r.ok else None)
+
+
 def test_workload_sizes():
     resnet = workloads.resnet50()
     assert resnet.num_tensors == 214
@@ -357,3 +376,56 @@ def test_full_run_candidates_cover_the_issue_list():
         for spec in ("('pscpu/pscpu', 2, -1)", "pscpu", "xring", "rechd")
         for p in packings
     ]
+    # Our collectives in our strategy: default packing, 4 MiB packs, and
+    # the default packing with each codec.
+    assert [c.name for c in candidates.strategy_candidates()] == [
+        f"ours {ops}{setting}"
+        for ops in ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
+        for setting in (
+            "",
+            " bytes_per_pack=4MiB",
+            " compression=bf16",
+            " compression=fp16",
+        )
+    ]
+
+
+def test_compressed_candidates_are_checked_within_the_codecs_rounding():
+    from benchmarks import sessions
+
+    # README "Wire compression": a value rounded at most k times errs by
+    # ((1+u)**k - 1) * sum|x_i|; u = 2**-8 for bf16; at p = 3 workers k is
+    # 2 (pscpu, psgpu, pscpu/pscpu), 3 (hierarchical_copy), p + 1 (xring),
+    # ceil(log2 p) + 2 (rechd), 1 (collectives).
+    p, u = 3, 2.0**-8
+    k = max(1, 2, 3, p + 1, math.ceil(math.log2(p)) + 2)
+    bound = (1 + u) ** k - 1
+    bf16 = candidates.Candidate(
+        "ours MultiWorkerAllReduce xring compression=bf16",
+        "ours",
+        "ours_multi_worker",
+        {"all_reduce_spec": "xring", "compression": "bf16"},
+    )
+    plain = candidates.Candidate(
+        "ours MultiWorkerAllReduce xring",
+        "ours",
+        "ours_multi_worker",
+        {"all_reduce_spec": "xring"},
+    )
+    assert candidates.relative_tolerance(bf16, p) >= bound
+    assert candidates.relative_tolerance(plain, p) is None
+    # Replica 0 of 3 here; the check compares with numpy's sum of all 3.
+    inputs = _measure.Inputs([((64,), "float32")], ["/cpu:0"], 0, 0, p)
+    (expected,), (magnitude,) = inputs.expected, inputs.magnitudes
+    devices = [[inputs.devices[0]]]
+    rounded = (expected + bound * magnitude).astype(np.float32)
+    assert np.count_nonzero(rounded != expected) > 32
+    assert sessions.check_of(bf16, inputs, p)([[rounded]], devices) is None
+    assert "differ from numpy" in sessions.check_of(plain, inputs, p)(
+        [[rounded]], devices
+    )
+    assert sessions.check_of(plain, inputs, p)([[expected]], devices) is None
+    beyond = (expected + 0.1 * magnitude).astype(np.float32)
+    assert "more than the tolerance" in sessions.check_of(bf16, inputs, p)(
+        [[beyond]], devices
+    )

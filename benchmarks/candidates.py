@@ -239,16 +239,8 @@ def relative_tolerance(candidate: Candidate, workers: int) -> float | None:
     """How far a candidate's sums may stray from numpy's, relative to the
     sum of the replicas' absolute values; None: it must match exactly.
 
-    Without `compression` every sum is exact (integer inputs). With it,
-    README "Wire compression": a value rounded at most k times to 16 bits
-    errs by ((1+u)**k - 1) * sum|x_i| (about k*u*sum|x_i|) plus absolute
-    terms (the fp16 scale's a*m, the smallest normal) that stay far below
-    u*|x| for integers of at least 1. Per spec across p workers k is 2
-    (pscpu, psgpu, two-level pscpu specs), 3 (hierarchical_copy), p + 1
-    (xring) or ceil(log2 p) + 2 (rechd); our collectives round each
-    member's value once (k = 1). k = p + 2 bounds them all (ceil(log2 p)
-    <= p), and 2*k*u covers ((1+u)**k - 1), the absolute terms and
-    float32's own additions with room to spare.
+    Without `compression` every sum is exact (integer inputs); with it,
+    `tf_crossdevice._builders.compression.sum_tolerance`.
 
     >>> c = Candidate("x", "ours", "ours_multi_worker", {"compression": "bf16"})
     >>> relative_tolerance(c, 3) == 2 * 5 * 2.0**-8
@@ -261,8 +253,7 @@ def relative_tolerance(candidate: Candidate, workers: int) -> float | None:
         return None
     from tf_crossdevice._builders import compression  # imports TensorFlow
 
-    roundings = workers + 2
-    return 2 * roundings * compression.RELATIVE_ERROR[codec]
+    return compression.sum_tolerance(codec, workers)
 
 
 def _compile(patterns: str) -> list[re.Pattern[str]]:

@@ -261,9 +261,7 @@ def test_the_cost_model_orders_the_candidates(monkeypatch):
     assert set(calls) == {(4, 1)}
 
 
-def test_workers_get_multi_worker_candidates_and_compression_if_taken(
-    monkeypatch,
-):
+def test_workers_get_multi_worker_candidates_each_also_compressed():
     devices = [
         f"/job:worker/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)
     ]
@@ -272,15 +270,16 @@ def test_workers_get_multi_worker_candidates_and_compression_if_taken(
     )
     assert (topology.num_workers, topology.devices_per_worker) == (2, (2, 2))
     grads = _autotune.normalize_gradients(GRADIENTS)
-    monkeypatch.setattr(_autotune, "compressions", lambda: ())
-    plain = _autotune.candidates(topology, grads)
-    assert {c[0] for c in plain} == {"MultiWorkerAllReduce"}
+    configs = _autotune.candidates(topology, grads)
+    assert {c[0] for c in configs} == {"MultiWorkerAllReduce"}
+    plain = [c for c in configs if "compression" not in c[1]]
     specs = {c[1]["all_reduce_spec"] for c in plain}
     assert {("pscpu/pscpu", 2, -1), "pscpu/xring", "pscpu", "xring"} <= specs
-    assert not any("compression" in c[1] for c in plain)
-    monkeypatch.setattr(_autotune, "compressions", lambda: ("bf16",))
-    compressed = _autotune.candidates(topology, grads)
-    assert {c[1].get("compression") for c in compressed} == {None, "bf16"}
+    compressed = [c for c in configs if "compression" in c[1]]
+    assert {c[1]["compression"] for c in compressed} == {"bf16", "fp16"}
+    for name, kwargs in compressed:  # each has its uncompressed twin
+        twin = {k: v for k, v in kwargs.items() if k != "compression"}
+        assert (name, twin) in plain
     ints = _autotune.candidates(topology, [((4,), "int32"), ((4,), "int64")])
     assert not any("compression" in c[1] for c in ints)
 

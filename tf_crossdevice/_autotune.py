@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib
-import inspect
 import json
 import math
 import os
@@ -39,6 +38,7 @@ from tf_crossdevice import (
     _spec_ops,
     _tf_internal,
 )
+from tf_crossdevice._builders import compression
 from tf_crossdevice._schedules import devices as devices_lib
 
 Config: TypeAlias = tuple[str, dict[str, Any]]
@@ -59,10 +59,9 @@ _CONFIRM_ROUNDS = (3, 2 * _ROUNDS)  # fewest worth running, most
 _TARGET_SECONDS = 0.02  # one measurement repeats a step about this long
 _MAX_REPS = 50
 _SAFETY = 1.25  # on estimated build times
+
+
 # Rounding error of one transfer, relative (round to nearest).
-_UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
-
-
 @dataclasses.dataclass(frozen=True)
 class Topology:
     """Where the replicas are: what autotune's cache key is made of.
@@ -324,18 +323,6 @@ def _connect(spec: Any, argument: str) -> Topology:
 # --- Candidates ------------------------------------------------------------
 
 
-def compressions() -> tuple[str, ...]:
-    """The codecs MultiWorkerAllReduce takes (none before it takes one)."""
-    init = _multi_worker_ops.MultiWorkerAllReduce.__init__
-    if "compression" not in inspect.signature(init).parameters:
-        return ()
-    try:
-        codec = importlib.import_module("tf_crossdevice._builders.compression")
-    except ModuleNotFoundError:
-        return ()
-    return tuple(getattr(codec, "COMPRESSIONS", ()))
-
-
 def candidates(topology: Topology, gradients: GradientList) -> list[Config]:
     """Every configuration to try, in the benchmark's order of merit.
 
@@ -384,7 +371,7 @@ def candidates(topology: Topology, gradients: GradientList) -> list[Config]:
             for s in specs
         ]
         floats = any(d in ("float32", "float64") for _, d in gradients)
-        for codec in compressions() if floats else ():
+        for codec in compression.COMPRESSIONS if floats else ():
             out += [
                 ("MultiWorkerAllReduce", _spec(s, p) | {"compression": codec})
                 for p in packings
@@ -811,12 +798,13 @@ def _confirm(
     return chosen, rounds, {names[n]: e for n, e in failed.items()}
 
 
-def _check_for(config: Config, inputs: _measure.Inputs, stages: int) -> Any:
+def _check_for(
+    config: Config, inputs: _measure.Inputs, num_workers: int
+) -> Any:
     codec = config[1].get("compression")
     if not codec:
         return inputs.check
-    # Each stage rounds a partial sum at most once per element.
-    return inputs.check_close(2 * stages * _UNIT_ROUNDOFF.get(codec, 2**-8))
+    return inputs.check_close(compression.sum_tolerance(codec, num_workers))
 
 
 def autotune(
@@ -991,7 +979,6 @@ def _search(
     timers: dict[int, _measure.TimeFn] = {}
     reps: dict[int, int] = {}
     per_round = 0.0  # seconds one timing round will take
-    stages = 2 * topology.num_workers + 2
     for i, (config, predicted) in enumerate(plan):
         name = label(config)
         left = budget - (time.monotonic() - start)
@@ -1015,7 +1002,7 @@ def _search(
         except (TypeError, ValueError) as e:
             records.append(Measurement(name, config, predicted, False, f"{e}"))
             continue
-        check = _check_for(config, inputs, stages)
+        check = _check_for(config, inputs, topology.num_workers)
         body = _measure.all_reduce_body(ops, inputs)
 
         def build(body: Any = body, check: Any = check) -> Any:

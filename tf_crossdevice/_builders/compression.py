@@ -71,6 +71,26 @@ RELATIVE_ERROR = {"bf16": 2.0**-8, "fp16": 2.0**-11}
 """u, the relative error of one round to nearest (float32 values)."""
 
 
+def sum_tolerance(compression: str, num_workers: int) -> float:
+    """How far a compressed all-reduce's sums may stray from the exact sum,
+    relative to the sum of the replicas' absolute values.
+
+    A value rounded at most k times to 16 bits errs by ((1+u)**k - 1) *
+    sum|x_i| (about k*u*sum|x_i|) plus absolute terms (fp16's a*m, the
+    smallest normal number) far below u*|x| for values of magnitude 1 or
+    more. Across p workers k is 2 (pscpu, psgpu and two-level specs over
+    them), 3 (hierarchical_copy), p + 1 (xring), ceil(log2 p) + 2 (rechd)
+    and 1 for the collectives (each member's value once): k = p + 2 bounds
+    them all, and 2*k*u covers ((1+u)**k - 1), the absolute terms and the
+    dtype's own additions with room to spare. Autotune and the benchmark
+    check compressed candidates against numpy within this.
+
+    >>> sum_tolerance("bf16", 3) == 2 * 5 * 2.0**-8
+    True
+    """
+    return 2 * (num_workers + 2) * RELATIVE_ERROR[_check_codec(compression)]
+
+
 def check_compression(value: Any, argument: str = "compression") -> str | None:
     """`value` if it is None, 'bf16' or 'fp16'; else ValueError.
 

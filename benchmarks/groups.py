@@ -51,6 +51,7 @@ MULTI_WORKER = (
     (sessions.IDLE_BASELINE, "baseline", None),
     (sessions.MWMS_BASELINE, "baseline", None),
     (sessions.ROOFLINE_GRPC, "roofline", sessions.IDLE_BASELINE),
+    (sessions.GRPC_BF16_BOUND, "bound", sessions.IDLE_BASELINE),
     (ROOFLINE_TCP, "roofline", None),
 )
 Describe = Callable[[str], object]

@@ -50,6 +50,9 @@ ROOFLINE_ADD_N_PER_CORE = "roofline: tf.add_n per core"
 ROOFLINE_NUMPY = "roofline: numpy"
 ROOFLINE_NUMPY_PER_CORE = "roofline: numpy per core"
 ROOFLINE_GRPC = "roofline: TF gRPC copy worker 0 -> 1"
+# The same copy of the same elements in 16 bits (bfloat16, cast beforehand):
+# with ROOFLINE_GRPC, what halving the bytes can save on the wire at most.
+GRPC_BF16_BOUND = "bound: TF gRPC copy worker 0 -> 1 in bfloat16"
 PACK_UNPACK_BOUND = "bound: pack + unpack on each device, no transfer or sum"
 AUTOTUNE = "autotune"  # the entry's name: "autotune (60 s budget)"
 Built = tuple[Callable[[], Any], Callable[[], "str | None"]]
@@ -200,6 +203,21 @@ class InGraph(Session):
 
             return _step(
                 copy, lambda r, _: _measure.mismatch(np.asarray(r[0][0]), sent)
+            )
+        if name == GRPC_BF16_BOUND:
+            with tf.device(inputs.devices[0]):
+                wire = tf.Variable(
+                    tf.cast(inputs.flats()[0], tf.bfloat16), trainable=False
+                )
+            sent16 = wire.numpy()
+
+            def copy16() -> _measure.Results:
+                with tf.device(inputs.devices[1]):
+                    return [[tf.identity(wire)]]
+
+            return _step(
+                copy16,
+                lambda r, _: _measure.mismatch(np.asarray(r[0][0]), sent16),
             )
         if name in (ROOFLINE_NUMPY, ROOFLINE_NUMPY_PER_CORE):
             arrays = [next(iter(v.values())).numpy() for v in inputs.variables]

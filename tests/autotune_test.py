@@ -221,7 +221,9 @@ def test_a_larger_budget_measures_again_when_candidates_were_left_out(
 def test_candidates_follow_the_benchmark_without_a_cost_model(monkeypatch):
     monkeypatch.setattr(_autotune, "cost_model", lambda: None)
     topology = _autotune.Topology.of(testing.cpu_devices(4))
-    grads = _autotune.normalize_gradients(GRADIENTS)
+    # One gradient above the aggregation limit (64 KiB): aggregating is not
+    # the same as one pack.
+    grads = _autotune.normalize_gradients(GRADIENTS + [((20000,), "float32")])
     plan = _autotune.ordered(
         _autotune.candidates(topology, grads), topology, grads
     )
@@ -234,6 +236,20 @@ def test_candidates_follow_the_benchmark_without_a_cost_model(monkeypatch):
     one = _autotune.candidates(topology, [((8,), "float32")])
     assert {c[1].get("num_packs") for c in one} == {None, 0, 4}
     assert all(not c[1].get("agg_small_grads_max_bytes") for c in one)
+
+
+def test_aggregating_everything_into_one_group_is_left_to_num_packs_1():
+    topology = _autotune.Topology.of(testing.cpu_devices(2))
+    small = [((1000,), "float32")] * 5  # 4 KB each, one group of 5
+    labels = {_autotune.label(c) for c in _autotune.candidates(topology, small)}
+    assert "SpecAllReduce pscpu num_packs=1" in labels
+    assert not any("agg_small" in name for name in labels)
+    large = small + [((20000,), "float32")]  # 80 KB: not aggregated
+    labels = {_autotune.label(c) for c in _autotune.candidates(topology, large)}
+    assert "SpecAllReduce pscpu agg_small=64KiBx1024" in labels
+    many = [((10,), "float32")] * 1025  # more than one group of 1024
+    labels = {_autotune.label(c) for c in _autotune.candidates(topology, many)}
+    assert "SpecAllReduce pscpu agg_small=64KiBx1024" in labels
 
 
 def test_the_cost_model_orders_the_candidates(monkeypatch):

@@ -11,6 +11,7 @@ in a JSON file and returns it as a ready CrossDeviceOps.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -402,14 +403,22 @@ def _from_json(config: Any) -> Config:
 
 
 def _changes_something(config: Config, gradients: GradientList) -> bool:
-    """False for packing that leaves the gradients as they are: one pack of
-    one tensor, or aggregation with fewer than two small tensors."""
+    """False for packing that leaves the gradients as they are (one pack of
+    one tensor, aggregation with fewer than two small tensors), and for
+    aggregation that packs exactly as one pack does (every gradient small
+    and few enough for one group per dtype: num_packs=1 is tried)."""
     kwargs = config[1]
     if kwargs.get("num_packs") == 1:
         return len(gradients) > 1
     limit = kwargs.get("agg_small_grads_max_bytes", 0)
+    if not limit:
+        return True
     small = [g for g in gradients if _num_bytes(g) <= limit]
-    return not limit or len(small) >= 2
+    per_dtype = collections.Counter(dtype for _, dtype in gradients)
+    one_pack = len(small) == len(gradients) and max(
+        per_dtype.values()
+    ) <= kwargs.get("agg_small_grads_max_group", 0)
+    return len(small) >= 2 and not one_pack
 
 
 def _num_bytes(gradient: tuple[tuple[int, ...], str]) -> int:

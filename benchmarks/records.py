@@ -315,7 +315,7 @@ def add_results(
             r.ratio_to_tf_best = tf_best / t if tf_best else None
 
 
-MAX_FINALISTS = 8  # best of each family, a bound, references (not baselines)
+MAX_FINALISTS = 12  # best of each family, bounds, references (not baselines)
 
 
 def timed_group(

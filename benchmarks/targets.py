@@ -63,7 +63,8 @@ def references(group: Group) -> list[str]:
 
 
 def _bf16_and_twin(group: Group) -> list[str]:
-    """The fastest bf16 candidate and the same one uncompressed (#15)."""
+    """The fastest bf16 candidate, the same one uncompressed, and TF's
+    gRPC copy of the bytes in float32 and in bfloat16 (#15)."""
     timed = [
         (r.time_seconds, r.name)
         for r in group.results
@@ -73,7 +74,8 @@ def _bf16_and_twin(group: Group) -> list[str]:
     if not timed:
         return []
     bf16 = min(timed)[1]
-    return [bf16, bf16.removesuffix(BF16)]
+    copies = [sessions.ROOFLINE_GRPC, sessions.GRPC_BF16_BOUND]
+    return [bf16, bf16.removesuffix(BF16), *copies]
 
 
 def _ms(seconds: float | None) -> str:

@@ -6,7 +6,8 @@ round, in interleaved rounds, and the finalists again
 (`records.timed_group`). One process, n devices: a fresh session per group
 runs the candidates, the rooflines (`roofline.py`), a bound (packing and
 unpacking alone), the baselines and autotune's choice. p workers, one CPU
-replica each: a session drives `tf_crossdevice.cluster` workers in one graph, p
+replica each: a session drives `tf_crossdevice.cluster` workers in one graph
+(our in-graph candidates and autotune's choice among them), p
 MultiWorkerMirroredStrategy sessions hold the same values, and p sessions
 of tf_crossdevice's MultiWorkerMirroredStrategy run our collectives. p
 workers with k > 1 local devices: ours with k replicas per worker against
@@ -195,14 +196,7 @@ def single_process(
     }
     with _failing_in([group]), Sessions("in_graph", setup, config) as session:
         fixed = SINGLE_PROCESS + (PACK_UNPACK,) * (workload.num_tensors > 1)
-        fixed += (
-            (
-                f"{sessions.AUTOTUNE} ({config.autotune_budget_seconds:g} s "
-                "budget)",
-                AUTOTUNE_FAMILY,
-                sessions.INPUTS_BASELINE,
-            ),
-        )
+        fixed += (_autotune_entry(config),)
         entries = [(*e, session, None) for e in fixed] + [
             (c.name, c.family, sessions.INPUTS_BASELINE, session, c)
             for c in candidates
@@ -241,7 +235,12 @@ def multi_worker(
         _failing_in(list(out.values())),
         cluster.start_local_cluster(num_workers, cpus_per_worker=1) as workers,
         Sessions(
-            "in_graph", {"cluster": workers.cluster_spec.as_dict()}, config
+            "in_graph",
+            {
+                "cluster": workers.cluster_spec.as_dict(),
+                "autotune_budget_seconds": config.autotune_budget_seconds,
+            },
+            config,
         ) as client,
         Sessions(
             "mwms", {}, config, launch.tf_config_envs(num_workers)
@@ -269,8 +268,29 @@ def multi_worker(
                     entries = _multi_worker_entries(
                         candidates_of(w), k, client, mwms, ours
                     )
+                    if k == 1 and any(
+                        c.kind == "ours_multi_worker" for c in candidates_of(w)
+                    ):
+                        entries.append(
+                            (
+                                *_autotune_entry(config),
+                                client,
+                                None,
+                            )
+                        )
                     _measure_group(group, w, entries, config, describe)
     return list(out.values())
+
+
+def _autotune_entry(config: Config) -> tuple[str, str, str]:
+    """(name, family, baseline) of autotune's choice: searched in-graph on
+    the group's devices (in a multi-worker group, across the workers, with
+    one device each) within the budget its name states."""
+    return (
+        f"{sessions.AUTOTUNE} ({config.autotune_budget_seconds:g} s budget)",
+        AUTOTUNE_FAMILY,
+        sessions.INPUTS_BASELINE,
+    )
 
 
 def _multi_worker_entries(

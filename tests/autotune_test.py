@@ -469,22 +469,14 @@ def test_a_finalist_that_fails_when_confirmed_drops_out():
     assert list(samples) == ["b"] and _autotune.fastest(samples) == "b"
 
 
-def three_candidates(monkeypatch):
-    """autotune tries only the first three candidates: with a budget of
-    3 s all three are built, timed and confirmed even on a busy machine."""
+def logged_autotune_of_three(tmp_path, monkeypatch):
+    """autotune on 2 CPUs trying only the first three candidates (with a
+    budget of 3 s all three are built, timed and confirmed even on a busy
+    machine): (the ops, its absl INFO lines, the devices)."""
     candidates = _autotune.candidates
     monkeypatch.setattr(
         _autotune, "candidates", lambda t, g: candidates(t, g)[:3]
     )
-
-
-def test_no_budget_to_confirm_still_gives_a_verified_choice(
-    tmp_path, monkeypatch
-):
-    """autotune logs the skipped confirmation and keeps the first rounds'
-    fastest (no confirmation round fits)."""
-    three_candidates(monkeypatch)
-    monkeypatch.setattr(_autotune, "confirmation_rounds", lambda *a: 0)
     lines = []
     monkeypatch.setattr(
         absl_logging, "info", lambda msg, *args: lines.append(msg % args)
@@ -493,6 +485,16 @@ def test_no_budget_to_confirm_still_gives_a_verified_choice(
     ops = tf_crossdevice.autotune(
         GRADIENTS, devices, budget_seconds=3, cache_dir=tmp_path
     )
+    return ops, lines, devices
+
+
+def test_no_budget_to_confirm_still_gives_a_verified_choice(
+    tmp_path, monkeypatch
+):
+    """autotune logs the skipped confirmation and keeps the first rounds'
+    fastest (no confirmation round fits)."""
+    monkeypatch.setattr(_autotune, "confirmation_rounds", lambda *a: 0)
+    ops, lines, devices = logged_autotune_of_three(tmp_path, monkeypatch)
     result = ops.autotune_result
     timed = [m for m in result.measurements if m.median_seconds is not None]
     assert len(timed) == 3 and all(m.verified for m in timed)
@@ -505,15 +507,7 @@ def test_no_budget_to_confirm_still_gives_a_verified_choice(
 
 
 def test_confirmed_finalists_are_logged_and_recorded(tmp_path, monkeypatch):
-    three_candidates(monkeypatch)
-    lines = []
-    monkeypatch.setattr(
-        absl_logging, "info", lambda msg, *args: lines.append(msg % args)
-    )
-    devices = testing.cpu_devices(2)
-    ops = tf_crossdevice.autotune(
-        GRADIENTS, devices, budget_seconds=3, cache_dir=tmp_path
-    )
+    ops, lines, devices = logged_autotune_of_three(tmp_path, monkeypatch)
     result = ops.autotune_result
     confirmed = [m for m in result.measurements if m.confirmation_rounds]
     finalist_lines = [line for line in lines if "autotune: finalist" in line]

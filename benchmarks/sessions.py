@@ -250,7 +250,16 @@ class InGraph(Session):
             )
         result = ops.autotune_result
         self.searches[name] = (time.monotonic() - start, result.label)
-        return _step(_measure.all_reduce_body(ops, inputs), inputs.check)
+        # Checked like the same configuration as a candidate (a compressed
+        # choice within its codec's rounding).
+        chosen = candidates_lib.Candidate(
+            result.label, "autotune", "autotune", dict(result.config[1])
+        )
+        workers = candidates_lib.num_workers(inputs.devices)
+        return _step(
+            _measure.all_reduce_body(ops, inputs),
+            check_of(chosen, inputs, workers),
+        )
 
 
 def _add_n(inputs: _measure.Inputs, pieces: int) -> _measure.Results:

@@ -426,8 +426,9 @@ def test_confirmation_times_the_finalists_again_and_combines_samples():
         "d": FakeTimer(None),
     }
     reps = {"a": 2, "b": 3, "c": 1, "d": 5}
-    # One finalists' round: 2 * 1.00 + 3 * 1.10 + 1 * 1.12 = 6.42 s.
-    final, rounds, errors = _autotune._confirm(samples, timers, reps, 30.0)
+    # One finalists' round: 2 * 1.00 + 3 * 1.10 + 1 * 1.12 = 6.42 s, planned
+    # with a 25% margin: 8.03 s, so 4 rounds fit in 36 s.
+    final, rounds, errors = _autotune._confirm(samples, timers, reps, 36.0)
     assert final == ["a", "b", "c"] and rounds == 4 and errors == {}
     for k in final:
         assert timers[k].reps == [reps[k]] * 4

@@ -224,38 +224,6 @@ def strategy_candidates(quick: bool = False) -> list[Candidate]:
     return out
 
 
-def num_workers(devices: Sequence[str]) -> int:
-    """How many workers (job, replica, task) `devices` span.
-
-    >>> num_workers(["/job:worker/replica:0/task:0/device:CPU:0",
-    ...              "/job:worker/replica:0/task:1/device:CPU:0",
-    ...              "/job:worker/replica:0/task:1/device:CPU:1"])
-    2
-    """
-    return len({d.split("/device:")[0] for d in devices})
-
-
-def relative_tolerance(candidate: Candidate, workers: int) -> float | None:
-    """How far a candidate's sums may stray from numpy's, relative to the
-    sum of the replicas' absolute values; None: it must match exactly.
-
-    Without `compression` every sum is exact (integer inputs); with it,
-    `tf_crossdevice._builders.compression.sum_tolerance`.
-
-    >>> c = Candidate("x", "ours", "ours_multi_worker", {"compression": "bf16"})
-    >>> relative_tolerance(c, 3) == 2 * 5 * 2.0**-8
-    True
-    >>> relative_tolerance(Candidate("y", "tf", "tf_r1d"), 3) is None
-    True
-    """
-    codec = candidate.kwargs.get("compression")
-    if not codec:
-        return None
-    from tf_crossdevice._builders import compression  # imports TensorFlow
-
-    return compression.sum_tolerance(codec, workers)
-
-
 def _compile(patterns: str) -> list[re.Pattern[str]]:
     compiled = []
     for pattern in filter(None, patterns.split(",")):

@@ -265,19 +265,16 @@ def multi_worker(
                         )
                     )
                 for group, w in zip(groups, workloads, strict=True):
+                    selected = candidates_of(w)
                     entries = _multi_worker_entries(
-                        candidates_of(w), k, client, mwms, ours
+                        selected, k, client, mwms, ours
                     )
+                    # Autotune searches our in-graph candidates: only where
+                    # they are measured (one device per worker).
                     if k == 1 and any(
-                        c.kind == "ours_multi_worker" for c in candidates_of(w)
+                        c.kind == "ours_multi_worker" for c in selected
                     ):
-                        entries.append(
-                            (
-                                *_autotune_entry(config),
-                                client,
-                                None,
-                            )
-                        )
+                        entries.append((*_autotune_entry(config), client, None))
                     _measure_group(group, w, entries, config, describe)
     return list(out.values())
 

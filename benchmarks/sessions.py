@@ -68,11 +68,10 @@ def check_of(
     inputs: _measure.Inputs,
     num_workers: int,
 ) -> _measure.Check:
-    """The check of a candidate's results: numpy's sum exactly, or within
-    its codec's rounding (`candidates.relative_tolerance`) with
-    compression across `num_workers` workers."""
-    relative = candidates_lib.relative_tolerance(candidate, num_workers)
-    return inputs.check if relative is None else inputs.check_close(relative)
+    """The check of a candidate's results (`_measure.Inputs.check_for`):
+    numpy's sum exactly, or within its codec's rounding with compression
+    across `num_workers` workers."""
+    return inputs.check_for(candidate.kwargs.get("compression"), num_workers)
 
 
 class Session:
@@ -153,6 +152,8 @@ class InGraph(Session):
         super().__init__(setup)
         self.cores = setup.get("cores", 1)
         self.autotune_budget = setup.get("autotune_budget_seconds", 60.0)
+        # One replica per worker across a cluster; else one process.
+        self.num_workers = len(setup.get("cluster", {}).get("worker", [0]))
         if "cluster" in setup:
             from tf_crossdevice import multi_worker
 
@@ -175,10 +176,9 @@ class InGraph(Session):
         if candidate is not None:
             c = candidates_lib.Candidate(**candidate)
             ops = candidates_lib.build(c, inputs.devices)
-            workers = candidates_lib.num_workers(inputs.devices)
             return _step(
                 _measure.all_reduce_body(ops, inputs),
-                check_of(c, inputs, workers),
+                check_of(c, inputs, self.num_workers),
             )
         if name.startswith(AUTOTUNE):
             return self._autotune(name, inputs)
@@ -195,30 +195,14 @@ class InGraph(Session):
             pieces = self.cores if name == ROOFLINE_ADD_N_PER_CORE else 1
             return _step(lambda: _add_n(inputs, pieces), flat_check)
         if name == ROOFLINE_GRPC:
-            sent = next(iter(inputs.variables[0].values())).numpy()
-
-            def copy() -> _measure.Results:
-                with tf.device(inputs.devices[1]):
-                    return [[tf.identity(inputs.flats()[0])]]
-
-            return _step(
-                copy, lambda r, _: _measure.mismatch(np.asarray(r[0][0]), sent)
-            )
+            flat = next(iter(inputs.variables[0].values()))
+            return _copy_step(flat, inputs.devices[1])
         if name == GRPC_BF16_BOUND:
             with tf.device(inputs.devices[0]):
                 wire = tf.Variable(
                     tf.cast(inputs.flats()[0], tf.bfloat16), trainable=False
                 )
-            sent16 = wire.numpy()
-
-            def copy16() -> _measure.Results:
-                with tf.device(inputs.devices[1]):
-                    return [[tf.identity(wire)]]
-
-            return _step(
-                copy16,
-                lambda r, _: _measure.mismatch(np.asarray(r[0][0]), sent16),
-            )
+            return _copy_step(wire, inputs.devices[1])
         if name in (ROOFLINE_NUMPY, ROOFLINE_NUMPY_PER_CORE):
             arrays = [next(iter(v.values())).numpy() for v in inputs.variables]
             threads = self.cores if name == ROOFLINE_NUMPY_PER_CORE else 1
@@ -250,16 +234,26 @@ class InGraph(Session):
             )
         result = ops.autotune_result
         self.searches[name] = (time.monotonic() - start, result.label)
-        # Checked like the same configuration as a candidate (a compressed
-        # choice within its codec's rounding).
-        chosen = candidates_lib.Candidate(
-            result.label, "autotune", "autotune", dict(result.config[1])
-        )
-        workers = candidates_lib.num_workers(inputs.devices)
         return _step(
             _measure.all_reduce_body(ops, inputs),
-            check_of(chosen, inputs, workers),
+            inputs.check_for(
+                result.config[1].get("compression"), self.num_workers
+            ),
         )
+
+
+def _copy_step(variable: tf.Variable, device: str) -> Built:
+    """A copy of `variable` onto `device` (TF's gRPC across workers),
+    checked to arrive bit for bit."""
+    sent = variable.numpy()
+
+    def copy() -> _measure.Results:
+        with tf.device(device):
+            return [[tf.identity(variable)]]
+
+    return _step(
+        copy, lambda r, _: _measure.mismatch(np.asarray(r[0][0]), sent)
+    )
 
 
 def _add_n(inputs: _measure.Inputs, pieces: int) -> _measure.Results:

@@ -58,11 +58,11 @@ def references(group: Group) -> list[str]:
     if group.setting == "multi_worker":
         best = map(group.best_among, (MWMS, HIERARCHICAL, FLAT))
         out += [name for name in best if name]
-        out += _bf16_and_twin(group)
+        out += _compression_entries(group)
     return out
 
 
-def _bf16_and_twin(group: Group) -> list[str]:
+def _compression_entries(group: Group) -> list[str]:
     """The fastest bf16 candidate, the same one uncompressed, and TF's
     gRPC copy of the bytes in float32 and in bfloat16 (#15)."""
     timed = [

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_crossdevice import _base, _checks, _tf_internal
+from tf_crossdevice._builders import compression as compression_lib
 
 # (shape, dtype) of each gradient of one replica.
 Gradients: TypeAlias = Sequence[tuple[Sequence[int], Any]]
@@ -220,6 +221,16 @@ class Inputs:
             )
 
         return check
+
+    def check_for(self, compression: str | None, num_workers: int) -> Check:
+        """The check of an all-reduce with `compression` across
+        `num_workers` workers: numpy's sum exactly without it, else within
+        the codec's rounding (`compression.sum_tolerance`)."""
+        if not compression:
+            return self.check
+        return self.check_close(
+            compression_lib.sum_tolerance(compression, num_workers)
+        )
 
     def check_inputs(
         self, results: Results, devices: list[list[str]]

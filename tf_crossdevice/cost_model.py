@@ -453,38 +453,33 @@ def _collective_traffic(
     """
     total = traffic.NONE
     workers = n // k
-    group = workers if hierarchical else n
+    # The hierarchical class reduces each worker's devices first, then runs
+    # its collective with one member per worker.
+    group, members_here = (workers, 1) if hierarchical else (n, k)
+    # Compressed, a group of 2 or 3 members gathers 16-bit messages;
+    # larger groups reduce exactly (`traffic.gather_compression_pays`).
+    gathers = (
+        compression is not None
+        and workers > 1
+        and traffic.gather_compression_pays(group)
+    )
+    launched = Traffic(collectives=1 if workers > 1 else 0)
     for pack in packs:
         size = float(sum(tensors[i].num_bytes for i in pack))
         dtype = tensors[pack[0]].dtype
-        flat = traffic.pack_traffic(
+        t = traffic.pack_traffic(
             [float(tensors[i].num_bytes) for i in pack], 1, k
         )
-        # Compressed, a group of 2 or 3 members gathers 16-bit messages;
-        # larger groups reduce exactly (`traffic.gather_compression_pays`).
-        gathers = (
-            compression is not None
-            and dtype in COMPRESSIBLE
-            and workers > 1
-            and traffic.gather_compression_pays(group)
-        )
-        if gathers:
+        if hierarchical and k > 1:
+            t += traffic.one_device(size, k, k)
+        if gathers and dtype in COMPRESSIBLE:
             ratio = 2 / ITEMSIZE[dtype]
             extra = 0 if compression == "bf16" else 2 * group  # fp16 scales
-            exchange = traffic.compressed_gather(
-                size, group, 1 if hierarchical else k, ratio
-            ) + Traffic(ops=extra)
+            t += traffic.compressed_gather(size, group, members_here, ratio)
+            t += Traffic(ops=extra)
         else:
-            exchange = traffic.ring(
-                size, group, 1 if hierarchical else k, 1, 0, 1, 1
-            )
-        launched = Traffic(collectives=1 if workers > 1 else 0)
-        if hierarchical:
-            local = traffic.one_device(size, k, k) if k > 1 else traffic.NONE
-            t = flat + local + exchange + launched
-        else:
-            t = flat + exchange + launched
-        total += t
+            t += traffic.ring(size, group, members_here, 1, 0, 1, 1)
+        total += t + launched
     return total
 
 

@@ -145,6 +145,24 @@ def test_quick_run_json_has_every_figure_and_every_result_verified(quick_run):
 
 
 @pytest.mark.slow
+def test_quick_run_multi_worker_group_times_the_bf16_copy_and_autotune(
+    quick_run,
+):
+    # Issue #15: the copy of the same bytes in 16 bits bounds compression,
+    # and autotune searches our in-graph candidates across the workers.
+    _, output = quick_run
+    run = records.Run.read(output / "results.json")
+    (group,) = [g for g in run.groups if g.setting == "multi_worker"]
+    by_name = {r.name: r for r in group.results}
+    copy16 = by_name["bound: TF gRPC copy worker 0 -> 1 in bfloat16"]
+    assert copy16.family == "bound" and copy16.timing.verified is True
+    (chosen,) = [r for r in group.results if r.family == "autotune"]
+    assert chosen.timing.verified is True
+    assert chosen.timing.chosen.startswith("MultiWorkerAllReduce ")
+    assert chosen.timing.search_seconds > 0
+
+
+@pytest.mark.slow
 def test_quick_run_writes_a_png_and_the_summary(quick_run):
     process, output = quick_run
     assert process.returncode == 0, process.stderr[-5000:]

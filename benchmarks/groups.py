@@ -53,6 +53,8 @@ MULTI_WORKER = (
     (sessions.MWMS_BASELINE, "baseline", None),
     (sessions.ROOFLINE_GRPC, "roofline", sessions.IDLE_BASELINE),
     (sessions.GRPC_BF16_BOUND, "bound", sessions.IDLE_BASELINE),
+    (sessions.SUM_COPY_BOUND, "bound", sessions.INPUTS_BASELINE),
+    (sessions.SUM_COPY_BF16_BOUND, "bound", sessions.INPUTS_BASELINE),
     (ROOFLINE_TCP, "roofline", None),
 )
 Describe = Callable[[str], object]
@@ -303,7 +305,8 @@ def _multi_worker_entries(
     entries = [
         (*e, sides.get(e[0], client), None)
         for e in MULTI_WORKER
-        if local_devices == 1 or e[0] != sessions.INPUTS_BASELINE
+        # In-graph entries on the inputs: one replica per worker only.
+        if local_devices == 1 or sessions.INPUTS_BASELINE not in (e[0], e[2])
     ]
     if ours is not None:
         entries.append(

@@ -39,6 +39,7 @@ from absl import app, flags
 from benchmarks import candidates as candidates_lib
 from benchmarks import roofline
 from tf_crossdevice import _measure, _processes, testing
+from tf_crossdevice._builders import compression as compression_lib
 
 INPUTS_BASELINE = "baseline: inputs only"
 FLAT_BASELINE = "baseline: flat buffers only"
@@ -54,6 +55,14 @@ ROOFLINE_GRPC = "roofline: TF gRPC copy worker 0 -> 1"
 # with ROOFLINE_GRPC, what halving the bytes can save on the wire at most.
 GRPC_BF16_BOUND = "bound: TF gRPC copy worker 0 -> 1 in bfloat16"
 PACK_UNPACK_BOUND = "bound: pack + unpack on each device, no transfer or sum"
+# pscpu's messages without the library: each tensor summed on the first
+# worker and the sum copied back, one message per tensor each way; then the
+# same on values held in bfloat16 (cast beforehand, so no cast is timed).
+# Their ratio is the most a 16-bit codec can gain with those messages here.
+SUM_COPY_BOUND = "bound: sum on worker 0 and copy back, per tensor"
+SUM_COPY_BF16_BOUND = (
+    "bound: sum on worker 0 and copy back, per tensor, in bfloat16"
+)
 AUTOTUNE = "autotune"  # the entry's name: "autotune (60 s budget)"
 Built = tuple[Callable[[], Any], Callable[[], "str | None"]]
 
@@ -203,6 +212,9 @@ class InGraph(Session):
                     tf.cast(inputs.flats()[0], tf.bfloat16), trainable=False
                 )
             return _copy_step(wire, inputs.devices[1])
+        if name in (SUM_COPY_BOUND, SUM_COPY_BF16_BOUND):
+            wire = "bf16" if name == SUM_COPY_BF16_BOUND else None
+            return _sum_copy_step(inputs, wire, self.num_workers)
         if name in (ROOFLINE_NUMPY, ROOFLINE_NUMPY_PER_CORE):
             arrays = [next(iter(v.values())).numpy() for v in inputs.variables]
             threads = self.cores if name == ROOFLINE_NUMPY_PER_CORE else 1
@@ -254,6 +266,65 @@ def _copy_step(variable: tf.Variable, device: str) -> Built:
     return _step(
         copy, lambda r, _: _measure.mismatch(np.asarray(r[0][0]), sent)
     )
+
+
+def _sum_copy_step(
+    inputs: _measure.Inputs, wire: str | None, num_workers: int
+) -> Built:
+    """Every device's tensors, held in variables of their own (the float
+    ones cast to bfloat16 beforehand when `wire`), each summed on the first
+    device and the sum copied to every other: one message per tensor each
+    way, no packing and no codec. Checked against numpy like a candidate
+    with `wire` compression."""
+    held = []
+    for d, device in enumerate(inputs.devices):
+        with tf.device(device):
+            held.append(
+                [
+                    tf.Variable(
+                        tf.cast(t, tf.bfloat16)
+                        if compression_lib.compresses(t.dtype, wire)
+                        else t,
+                        trainable=False,
+                    )
+                    for t in inputs.tensors(d)
+                ]
+            )
+
+    def body() -> _measure.Results:
+        out = []
+        for k in range(len(inputs.shapes)):
+            reads = []
+            for device, variables in zip(inputs.devices, held, strict=True):
+                with tf.device(device):
+                    reads.append(
+                        tf.raw_ops.ReadVariableOp(
+                            resource=variables[k].handle,
+                            dtype=variables[k].dtype,
+                        )
+                    )
+            with tf.device(inputs.devices[0]):
+                total = tf.add_n(reads)
+            sums = [total]
+            for device in inputs.devices[1:]:
+                with tf.device(device):
+                    sums.append(tf.identity(total))
+            out.append(sums)
+        return out
+
+    check = inputs.check_for(wire, num_workers)
+
+    def in_own_dtypes(
+        results: _measure.Results, devices: list[list[str]]
+    ) -> str | None:
+        # Back to each gradient's dtype in numpy, outside the timed step.
+        own = [
+            [np.asarray(v).astype(dtype.as_numpy_dtype) for v in per_device]
+            for per_device, dtype in zip(results, inputs.dtypes, strict=True)
+        ]
+        return check(own, devices)
+
+    return _step(body, in_own_dtypes)
 
 
 def _add_n(inputs: _measure.Inputs, pieces: int) -> _measure.Results:

@@ -13,6 +13,7 @@ are the issue's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -145,7 +146,7 @@ def test_quick_run_json_has_every_figure_and_every_result_verified(quick_run):
 
 
 @pytest.mark.slow
-def test_quick_run_multi_worker_group_times_the_bf16_copy_and_autotune(
+def test_quick_run_multi_worker_group_times_the_16_bit_bounds_and_autotune(
     quick_run,
 ):
     # Issue #15: the copy of the same bytes in 16 bits bounds compression,
@@ -156,6 +157,15 @@ def test_quick_run_multi_worker_group_times_the_bf16_copy_and_autotune(
     by_name = {r.name: r for r in group.results}
     copy16 = by_name["bound: TF gRPC copy worker 0 -> 1 in bfloat16"]
     assert copy16.family == "bound" and copy16.timing.verified is True
+    # pscpu's messages in float32 and on values already bfloat16: checked
+    # against numpy (exactly; within bf16's rounding), then timed.
+    for name in (
+        "bound: sum on worker 0 and copy back, per tensor",
+        "bound: sum on worker 0 and copy back, per tensor, in bfloat16",
+    ):
+        bound = by_name[name]
+        assert bound.family == "bound" and bound.timing.verified is True
+        assert bound.timing.samples
     (chosen,) = [r for r in group.results if r.family == "autotune"]
     assert chosen.timing.verified is True
     assert chosen.timing.chosen.startswith("MultiWorkerAllReduce ")
@@ -268,6 +278,43 @@ def test_autotune_targets_compare_its_choice_and_its_search_time():
     assert "autotune chose pscpu" in vs_ours.note
     assert budget.measured == pytest.approx(2 / 2.5) and not budget.met
     assert "searched 2.5 s of a 2 s budget" in budget.note
+
+
+def test_autotune_choosing_a_candidate_is_judged_by_that_candidate():
+    """Two entries of one configuration differ by noise: when autotune's
+    choice is a candidate of the group, its time is that candidate's."""
+    group = records.Group("multi_worker", "w", "", 2, 1, 8, 2, "float32")
+    entry = records.entry_of
+    results = [
+        entry("base", "baseline", None, [0.001] * 3),
+        entry("roof", "roofline", None, [0.002] * 3),
+        entry("tf", "tf", "base", [0.010] * 3),
+        entry("ours pscpu bf16", "ours", "base", [0.005] * 3),
+        entry("ours xring", "ours", "base", [0.0055] * 3),
+        entry("autotune (2 s budget)", "autotune", "base", [0.0062] * 3),
+    ]
+    for chosen, want in (("pscpu bf16", 1.0), ("xring", 0.004 / 0.0045)):
+        prepared = _measure.Prepared(True, None, 0.0, 1.0, 1.5, chosen)
+        timing = results[-1].timing
+        results[-1].timing = _measure.Timing.of(
+            timing.name, prepared, 1, timing.samples
+        )
+        g = dataclasses.replace(group, results=[], baselines=[])
+        records.add_results(g, results)
+        assert f"ours {chosen}" in targets.references(g)
+        vs_ours, vs_fastest, _ = targets.evaluate([g])
+        assert vs_ours.measured == pytest.approx(want)
+        assert vs_fastest.measured == pytest.approx(want)
+        assert "its own entry 5.200 ms" in vs_ours.note
+    # A choice that is not a candidate: its own entry's time.
+    prepared = _measure.Prepared(True, None, 0.0, 1.0, 1.5, "rechd")
+    results[-1].timing = _measure.Timing.of(
+        results[-1].name, prepared, 1, results[-1].timing.samples
+    )
+    g = dataclasses.replace(group, results=[], baselines=[])
+    records.add_results(g, results)
+    vs_ours, _, _ = targets.evaluate([g])
+    assert vs_ours.measured == pytest.approx(0.004 / 0.0052)
 
 
 def test_records_survive_json(tmp_path):

@@ -59,7 +59,7 @@ _FINALISTS = 3
 _CONFIRM_ROUNDS = (3, 2 * _ROUNDS)  # fewest worth running, most
 _TARGET_SECONDS = 0.02  # one measurement repeats a step about this long
 _MAX_REPS = 50
-_SAFETY = 1.25  # on estimated build and confirmation times
+_SAFETY = 1.25  # on estimated build times and on planned rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -988,9 +988,10 @@ def _search(
         estimate = _build_estimate(units, built)
         guess = max(_TARGET_SECONDS, per_round / max(len(timers), 1))
         # The first rounds with this one, and the fewest confirmation
-        # rounds of the finalists.
+        # rounds of the finalists (with the margin the rounds are planned
+        # with below).
         timing = _ROUNDS * (per_round + guess)
-        timing += _CONFIRM_ROUNDS[0] * _FINALISTS * guess
+        timing = _SAFETY * (timing + _CONFIRM_ROUNDS[0] * _FINALISTS * guess)
         if timers and estimate + timing > left:
             why = (
                 f"skipped: estimated {estimate:.1f} s to build and "
@@ -1053,7 +1054,10 @@ def _search(
         failures = "; ".join(f"{m.label}: {m.error}" for m in records)
         raise RuntimeError(f"autotune: no candidate verified: {failures}")
     left = budget - (time.monotonic() - start)
-    rounds = max(1, min(_ROUNDS, int(left / per_round) if per_round else 1))
+    # A round costs more than its calls (ordering, the timer itself): plan
+    # with the margin (resnet50 across 3 workers overran 60 s by 0.4 s).
+    fit = int(left / (_SAFETY * per_round)) if per_round else 1
+    rounds = max(1, min(_ROUNDS, fit))
     timed, errors = _measure.interleaved_rounds(
         {str(i): t for i, t in timers.items()},
         {str(i): r for i, r in reps.items()},

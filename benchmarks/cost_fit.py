@@ -23,7 +23,7 @@ import pathlib
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks import candidates as candidates_lib
@@ -101,15 +101,11 @@ class Row:
     candidate: str
     measurement: cost_model.Measurement
     predicted: float = 0.0
+    record: str = ""  # the benchmark record (one run) it comes from
 
     @property
     def ratio(self) -> float:
         return self.predicted / self.measurement.seconds
-
-    @property
-    def record(self) -> str:
-        """The benchmark record (one run) the row comes from."""
-        return self.group.split(": ", 1)[0]
 
 
 def read_groups(
@@ -159,7 +155,7 @@ def read_rows(paths: Sequence[pathlib.Path]) -> list[Row]:
                 m = cost_model.Measurement(
                     config, gradients_of(workload), k, workers, seconds
                 )
-                rows.append(Row(label, name, m))
+                rows.append(Row(label, name, m, record=path.stem))
     return rows
 
 
@@ -202,14 +198,13 @@ def leave_one_group_out(rows: Sequence[Row]) -> dict[str, list[float]]:
 # for every record) down to one set per group: the gaps between the rows
 # of the report's table tell the machine's drift between benchmark runs
 # from what the model's form cannot express.
-SCOPES = (
-    ("every record together (the constants above)", lambda r: ""),
+SCOPES: tuple[tuple[str, Callable[[Row], str]], ...] = (
     ("each record (one benchmark run) alone", lambda r: r.record),
     ("each group alone", lambda r: r.group),
 )
 
 
-def fitted_by(rows: Sequence[Row], key: Any) -> list[Row]:
+def fitted_by(rows: Sequence[Row], key: Callable[[Row], str]) -> list[Row]:
     """Copies of `rows`, each predicted by constants fitted only to the
     rows with the same `key(row)`."""
     parts: dict[str, list[Row]] = {}
@@ -371,6 +366,7 @@ def report(
             f"{out_within} | {out_error:.0%} |"
         )
     if scopes:
+        sizes = [len(rs) for rs in groups.values()]
         lines += [
             "",
             "## Where the error comes from",
@@ -378,13 +374,15 @@ def report(
             "The same model with its constants fitted to fewer rows at a",
             "time. Fitted to each record alone, the constants absorb the",
             "machine's state during that benchmark run; fitted to each group",
-            "alone (8 constants for 8 to 40 candidates), what still misses",
+            f"alone ({len(cost_model.FIELDS)} constants for "
+            f"{min(sizes)} to {max(sizes)} candidates), what still misses",
             "is what the model's form cannot express: overlap of packs and",
             "transfers, core contention, TF's built-ins' own internals, and",
             "candidates whose samples spread wider than the tolerance.",
             "",
-            "| constants fitted to | groups: every candidate within 25% | "
-            "groups: median error within 25% | candidates within 25% |",
+            f"| constants fitted to | groups: every candidate within "
+            f"{TOLERANCE:.0%} | groups: median error within {TOLERANCE:.0%} "
+            f"| candidates within {TOLERANCE:.0%} |",
             "| --- | --- | --- | --- |",
         ]
         for title, (every, median, within, total) in scopes:
@@ -400,12 +398,14 @@ def report(
             "## The records' own noise",
             "",
             f"{len(pairs)} candidates were measured twice on the same "
-            "configuration (TF's MWMS keeps one replica per worker, so its "
-            "x1 and x2 groups time the same thing; small8 repeats rest's "
-            "8-device many_small). Two measurements of one thing differ by "
+            "configuration, in different groups: the same workload, devices "
+            "and workers in two records (a repeated run), or TF's MWMS "
+            "timed at x1 and x2 local devices (it keeps one replica per "
+            "worker, so both time the same thing). Two measurements of one "
+            "thing differ by "
             f"{statistics.median(spreads):.0%} (median) and up to "
             f"{max(spreads):.0%}: a floor under any model's error, and a "
-            "large part of the 25% budget.",
+            f"large part of the {TOLERANCE:.0%} budget.",
             "",
             "| candidate | group a | group b | a / b |",
             "| --- | --- | --- | --- |",
@@ -460,6 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = " ".join(str(p) for p in args.records)
     command = f"python -m benchmarks.cost_fit {names}"
     scopes = [
+        ("every record together (the constants above)", scope_summary(rows))
+    ]
+    scopes += [
         (title, scope_summary(fitted_by(rows, key))) for title, key in SCOPES
     ]
     text = report(rows, constants, held_out, recommended, command, scopes)

@@ -271,11 +271,12 @@ def _copy_step(variable: tf.Variable, device: str) -> Built:
 def _sum_copy_step(
     inputs: _measure.Inputs, wire: str | None, num_workers: int
 ) -> Built:
-    """Every device's tensors, held in variables of their own (the float
-    ones cast to bfloat16 beforehand when `wire`), each summed on the first
-    device and the sum copied to every other: one message per tensor each
-    way, no packing and no codec. Checked against numpy like a candidate
-    with `wire` compression."""
+    """Every device's tensors, copied now into variables of their own (the
+    float ones cast to bfloat16 when `wire`), and a step that sums each on
+    the first device and copies the sum to every other: one message per
+    tensor each way, no packing and no codec (a bfloat16 sum is taken in
+    bfloat16). Checked against numpy like a candidate with `wire`
+    compression."""
     held = []
     for d, device in enumerate(inputs.devices):
         with tf.device(device):
@@ -294,15 +295,10 @@ def _sum_copy_step(
     def body() -> _measure.Results:
         out = []
         for k in range(len(inputs.shapes)):
-            reads = []
-            for device, variables in zip(inputs.devices, held, strict=True):
-                with tf.device(device):
-                    reads.append(
-                        tf.raw_ops.ReadVariableOp(
-                            resource=variables[k].handle,
-                            dtype=variables[k].dtype,
-                        )
-                    )
+            reads = [
+                _measure.read_on(variables[k], device)
+                for device, variables in zip(inputs.devices, held, strict=True)
+            ]
             with tf.device(inputs.devices[0]):
                 total = tf.add_n(reads)
             sums = [total]

@@ -13,7 +13,6 @@ are the issue's.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -281,9 +280,23 @@ def test_autotune_targets_compare_its_choice_and_its_search_time():
 
 
 def test_autotune_choosing_a_candidate_is_judged_by_that_candidate():
-    """Two entries of one configuration differ by noise: when autotune's
-    choice is a candidate of the group, its time is that candidate's."""
-    group = records.Group("multi_worker", "w", "", 2, 1, 8, 2, "float32")
+    """Two entries of one configuration differ by noise: across workers,
+    when autotune's choice is a candidate of the group, its time is that
+    candidate's (the note gives its own entry's too)."""
+    for chosen, want in (("pscpu bf16", 1.0), ("xring", 0.004 / 0.0045)):
+        group = _autotune_group("multi_worker", chosen=chosen)
+        assert f"ours {chosen}" in targets.references(group)
+        vs_ours, vs_fastest, _ = targets.evaluate([group])
+        assert vs_ours.measured == pytest.approx(want)
+        assert vs_fastest.measured == pytest.approx(want)
+        assert "its own entry 5.200 ms" in vs_ours.note
+    # A choice that is not a candidate: its own entry's time.
+    vs_ours = targets.evaluate([_autotune_group("multi_worker", chosen="x")])[0]
+    assert vs_ours.measured == pytest.approx(0.004 / 0.0052)
+
+
+def _autotune_group(setting, ok=True, chosen="pscpu bf16"):
+    group = records.Group(setting, "w", "", 2, 1, 8, 2, "float32")
     entry = records.entry_of
     results = [
         entry("base", "baseline", None, [0.001] * 3),
@@ -293,28 +306,107 @@ def test_autotune_choosing_a_candidate_is_judged_by_that_candidate():
         entry("ours xring", "ours", "base", [0.0055] * 3),
         entry("autotune (2 s budget)", "autotune", "base", [0.0062] * 3),
     ]
-    for chosen, want in (("pscpu bf16", 1.0), ("xring", 0.004 / 0.0045)):
-        prepared = _measure.Prepared(True, None, 0.0, 1.0, 1.5, chosen)
-        timing = results[-1].timing
-        results[-1].timing = _measure.Timing.of(
-            timing.name, prepared, 1, timing.samples
-        )
-        g = dataclasses.replace(group, results=[], baselines=[])
-        records.add_results(g, results)
-        assert f"ours {chosen}" in targets.references(g)
-        vs_ours, vs_fastest, _ = targets.evaluate([g])
-        assert vs_ours.measured == pytest.approx(want)
-        assert vs_fastest.measured == pytest.approx(want)
-        assert "its own entry 5.200 ms" in vs_ours.note
-    # A choice that is not a candidate: its own entry's time.
-    prepared = _measure.Prepared(True, None, 0.0, 1.0, 1.5, "rechd")
+    error = None if ok else "3 of 8 elements differ from numpy"
+    prepared = _measure.Prepared(ok, error, 0.0, 1.0, 1.5, chosen)
+    results[-1].timing = _measure.Timing.of(
+        results[-1].name, prepared, 1, results[-1].timing.samples if ok else ()
+    )
+    records.add_results(group, results)
+    return group
+
+
+def test_a_failed_autotune_entry_never_meets_its_target():
+    group = _autotune_group("multi_worker", ok=False)
+    assert "ours pscpu bf16" not in targets.references(group)
+    vs_ours, vs_fastest = targets.evaluate([group])[:2]
+    assert vs_ours.measured is None and not vs_ours.met
+    assert vs_fastest.measured is None and not vs_fastest.met
+
+
+def test_in_one_process_autotune_is_judged_by_its_own_entry():
+    group = _autotune_group("single_process")
+    assert "ours pscpu bf16" not in targets.references(group)
+    vs_ours = targets.evaluate([group])[0]
+    assert vs_ours.measured == pytest.approx(0.004 / 0.0052)
+
+
+def _compression_group(workers):
+    """A resnet50 group across `workers` workers with every entry the
+    targets compare (times in ms: the samples, all above a 1 ms baseline)."""
+    group = records.Group(
+        "multi_worker", "resnet50", "", workers, 214, 8, 2, "float32"
+    )
+    ms = [
+        ("base", "baseline", None, 1),
+        ("idle", "baseline", None, 1),
+        ("roofline: TCP loopback", "roofline", None, 21),
+        ("roofline: TF gRPC copy worker 0 -> 1", "roofline", "idle", 41),
+        ("bound: TF gRPC copy worker 0 -> 1 in bfloat16", "bound", "idle", 21),
+        (
+            "bound: sum on worker 0 and copy back, per tensor",
+            "bound",
+            "base",
+            73,
+        ),
+        (
+            "bound: sum on worker 0 and copy back, per tensor, in bfloat16",
+            "bound",
+            "base",
+            49,
+        ),
+        ("TF MWMS default", "tf", None, 291),
+        ("TF MWMS RING bytes_per_pack=4MiB", "tf", None, 157),
+        ("TF ReductionToOneDevice (in-graph)", "tf", "base", 81),
+        ("ours HierarchicalCollectiveAllReduce", "ours", None, 279),
+        ("ours CollectiveAllReduce", "ours", None, 155),
+        ("ours MultiWorkerAllReduce pscpu", "ours", "base", 71),
+        (
+            "ours MultiWorkerAllReduce pscpu compression=bf16",
+            "ours",
+            "base",
+            49,
+        ),
+        ("ours MultiWorkerAllReduce xring", "ours", "base", 99),
+        ("autotune (60 s budget)", "autotune", "base", 51),
+    ]
+    results = [
+        records.entry_of(name, family, base, [t / 1e3] * 3)
+        for name, family, base, t in ms
+    ]
+    prepared = _measure.Prepared(
+        True, None, 0.0, 1.0, 50.0, "MultiWorkerAllReduce xring"
+    )
     results[-1].timing = _measure.Timing.of(
         results[-1].name, prepared, 1, results[-1].timing.samples
     )
-    g = dataclasses.replace(group, results=[], baselines=[])
-    records.add_results(g, results)
-    vs_ours, _, _ = targets.evaluate([g])
-    assert vs_ours.measured == pytest.approx(0.004 / 0.0052)
+    factor = 2 * (workers - 1) / workers
+    records.add_results(group, results, lambda t: t * factor)
+    return group
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_every_entry_the_multi_worker_targets_compare_is_confirmed(workers):
+    group = _compression_group(workers)
+    wanted = targets.references(group)
+    names = records.finalists(group, wanted)
+    for name in wanted:
+        if name in {r.name for r in group.results}:
+            assert name in names, name
+    assert "ours MultiWorkerAllReduce xring" in names  # autotune's choice
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_compression_target_quotes_both_bounds_like_for_like(workers):
+    (target,) = [
+        t
+        for t in targets.evaluate([_compression_group(workers)])
+        if "bf16 vs the same uncompressed" in t.name
+    ]
+    assert target.measured == pytest.approx(70 / 48) and not target.met
+    # The float32 copy is a roofline scaled to a ring's bytes per worker
+    # (x 4/3 at 3 workers); the note compares one copy with one copy.
+    assert "40.000 ms in float32, 20.000 ms in bfloat16 (2.00x)" in target.note
+    assert "72.000 ms in float32, 48.000 ms in bfloat16 (1.50x)" in target.note
 
 
 def test_records_survive_json(tmp_path):

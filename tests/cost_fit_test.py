@@ -2,10 +2,12 @@
 benchmark runs from what the model's form cannot express."""
 
 import dataclasses
+import pathlib
 
 from benchmarks import cost_fit
 from tf_crossdevice import cost_model
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 GRADS = [((64,), "float32")] * 200 + [((1000, 100), "float32")] * 4
 BASE = cost_model.DEFAULT_CONSTANTS
 # A second benchmark run on a machine 4x slower per op and per step.
@@ -35,13 +37,10 @@ def _rows() -> list[cost_fit.Row]:
                             cost_model.Measurement(
                                 config, GRADS, devices, 1, seconds
                             ),
+                            record=record,
                         )
                     )
     return rows
-
-
-def test_row_names_its_record():
-    assert _rows()[0].record == "a"
 
 
 def test_one_fit_for_two_runs_misses_where_a_fit_per_run_does_not():
@@ -64,3 +63,26 @@ def test_fitted_by_leaves_the_rows_given_alone():
     rows = _rows()
     cost_fit.fitted_by(rows, lambda r: r.record)
     assert all(row.predicted == 0.0 for row in rows)
+
+
+def test_rows_read_from_a_record_carry_its_name():
+    path = REPO / "docs" / "benchmark" / "small8.json"
+    rows = cost_fit.read_rows([path])
+    assert rows and {row.record for row in rows} == {"small8"}
+    assert all(row.group.startswith("small8: ") for row in rows)
+
+
+def test_report_tables_the_scopes():
+    rows = _rows()
+    cost_fit.predict_rows(rows, BASE)
+    scopes = [
+        (
+            "each record alone",
+            cost_fit.scope_summary(
+                cost_fit.fitted_by(rows, lambda r: r.record)
+            ),
+        )
+    ]
+    text = cost_fit.report(rows, BASE, {}, [], "cmd", scopes)
+    assert "(8 constants for 9 to 9 candidates)" in " ".join(text.split())
+    assert "| each record alone | 6 of 6 | 6 of 6 | 54 of 54 |" in text

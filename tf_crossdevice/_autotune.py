@@ -742,13 +742,19 @@ def confirmation_rounds(
     least: int = _CONFIRM_ROUNDS[0],
     most: int = _CONFIRM_ROUNDS[1],
 ) -> int:
-    """How many confirmation rounds fit in the budget left: at most
-    `most`, 0 where not even `least` fit.
+    """How many timing rounds fit in the budget left: at most `most`, 0
+    where not even `least` fit (confirmation rounds by default; the first
+    rounds use least=1, most=_ROUNDS).
 
     >>> confirmation_rounds(0.1, 2.0), confirmation_rounds(0.1, 0.55)
     (10, 5)
     >>> confirmation_rounds(0.1, 0.25), confirmation_rounds(0.1, -3.0)
     (0, 0)
+
+    The first rounds with a 25% margin on 0.1 s per round, 0.5 s left:
+
+    >>> confirmation_rounds(1.25 * 0.1, 0.5, 1, 5)
+    4
     """
     if seconds_per_round <= 0:
         return most
@@ -990,8 +996,10 @@ def _search(
         # The first rounds with this one, and the fewest confirmation
         # rounds of the finalists (with the margin the rounds are planned
         # with below).
-        timing = _ROUNDS * (per_round + guess)
-        timing = _SAFETY * (timing + _CONFIRM_ROUNDS[0] * _FINALISTS * guess)
+        timing = _SAFETY * (
+            _ROUNDS * (per_round + guess)
+            + _CONFIRM_ROUNDS[0] * _FINALISTS * guess
+        )
         if timers and estimate + timing > left:
             why = (
                 f"skipped: estimated {estimate:.1f} s to build and "
@@ -1056,8 +1064,7 @@ def _search(
     left = budget - (time.monotonic() - start)
     # A round costs more than its calls (ordering, the timer itself): plan
     # with the margin (resnet50 across 3 workers overran 60 s by 0.4 s).
-    fit = int(left / (_SAFETY * per_round)) if per_round else 1
-    rounds = max(1, min(_ROUNDS, fit))
+    rounds = confirmation_rounds(_SAFETY * per_round, left, 1, _ROUNDS) or 1
     timed, errors = _measure.interleaved_rounds(
         {str(i): t for i, t in timers.items()},
         {str(i): r for i, r in reps.items()},

@@ -63,6 +63,22 @@ def replica_seed(seed: int, replica: int) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
+def read_on(variable: tf.Variable, device: str) -> tf.Tensor:
+    """`variable`'s value, read by an op placed on `device`.
+
+    `Variable.value()` clears the device scope, so its read would not say
+    where it runs; this one does.
+
+    >>> v = tf.Variable([1.0, 2.0])
+    >>> read_on(v, "/cpu:0").numpy().tolist()
+    [1.0, 2.0]
+    """
+    with tf.device(device):
+        return tf.raw_ops.ReadVariableOp(
+            resource=variable.handle, dtype=variable.dtype
+        )
+
+
 class Inputs:
     """Replicas' gradients on their devices, and numpy's sum of them.
 
@@ -143,16 +159,8 @@ class Inputs:
         return views
 
     def read(self, i: int, dtype: Any) -> tf.Tensor:
-        """Replica i's flat buffer of `dtype`, read on its device.
-
-        `Variable.value()` clears the device scope, so its read would not
-        say where it runs; this read names the device.
-        """
-        variable = self.variables[i][dtype]
-        with tf.device(self.devices[i]):
-            return tf.raw_ops.ReadVariableOp(
-                resource=variable.handle, dtype=variable.dtype
-            )
+        """Replica i's flat buffer of `dtype`, read on its device."""
+        return read_on(self.variables[i][dtype], self.devices[i])
 
     def flats(self) -> list[tf.Tensor]:
         """Each replica's flat buffer (one dtype only), on its device."""

@@ -23,7 +23,7 @@ import dataclasses
 import math
 import re
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from benchmarks import workloads as workloads_lib
@@ -110,12 +110,61 @@ def _ours(
     out = []
     for alg, packing in settings:
         kwargs = {key: alg} | packing
-        label = (alg if isinstance(alg, str) else repr(alg)) + _label(packing)
+        full = _spec_name(name, alg, packing)
         if kind == "ours_all_reduce":  # hierarchical copy packs by default
             kwargs = {"num_packs": 0} | kwargs
             label = _label(packing).strip() or "num_packs=0"
-        out.append(Candidate(f"ours {name} {label}", "ours", kind, kwargs))
+            full = f"ours {name} {label}"
+        out.append(Candidate(full, "ours", kind, kwargs))
     return out
+
+
+def _spec_name(name: str, spec: Any, packing: Mapping[str, Any]) -> str:
+    shown = spec if isinstance(spec, str) else repr(spec)
+    return f"ours {name} {shown}{_label(dict(packing))}"
+
+
+_PACKING_KEYS = frozenset(
+    {
+        "num_packs",
+        "agg_small_grads_max_bytes",
+        "agg_small_grads_max_group",
+        "compression",
+    }
+)
+
+
+def name_of(config: tuple[str, Mapping[str, Any]]) -> str | None:
+    """The name here of our candidate built as `config`, a (class name,
+    kwargs) pair as `tf_crossdevice.autotune` returns it; None where the
+    benchmark names no such candidate (no all_reduce_spec, or arguments
+    its candidates never set).
+
+    >>> name_of(("MultiWorkerAllReduce", {
+    ...     "all_reduce_spec": ["pscpu/pscpu", 2, -1], "num_packs": 0,
+    ...     "agg_small_grads_max_bytes": 65536,
+    ...     "agg_small_grads_max_group": 1024, "compression": "bf16"}))
+    "ours MultiWorkerAllReduce ('pscpu/pscpu', 2, -1) agg_small=64KiBx1024 \
+compression=bf16"
+    >>> name_of(("CollectiveAllReduce", {"options": {}})) is None
+    True
+    """
+    name, kwargs = config
+    if "all_reduce_spec" not in kwargs:
+        return None
+    spec = kwargs["all_reduce_spec"]
+    spec = tuple(spec) if isinstance(spec, list) else spec  # from JSON
+    packing = {
+        k: v
+        for k, v in kwargs.items()
+        if k != "all_reduce_spec" and (k, v) != ("num_packs", 0)
+    }
+    aggregates = "agg_small_grads_max_bytes" in packing
+    if set(packing) - _PACKING_KEYS or aggregates != (
+        "agg_small_grads_max_group" in packing
+    ):
+        return None
+    return _spec_name(name, spec, packing)
 
 
 def single_process_candidates(

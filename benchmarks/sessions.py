@@ -245,7 +245,9 @@ class InGraph(Session):
                 cache_dir=cache,
             )
         result = ops.autotune_result
-        self.searches[name] = (time.monotonic() - start, result.label)
+        # Its choice by the name of the same candidate here, if there is one.
+        chosen = candidates_lib.name_of(result.config) or result.label
+        self.searches[name] = (time.monotonic() - start, chosen)
         return _step(
             _measure.all_reduce_body(ops, inputs),
             inputs.check_for(

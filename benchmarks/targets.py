@@ -266,8 +266,8 @@ def _autotune_targets(g: Group) -> list[Target]:
         # entries of one configuration differed by 12% across 2 workers).
         mine = g.time(same)
         chose = (
-            f"autotune chose {timing.chosen}, timed as the candidate "
-            f"{same} ({_ms(mine)}; its own entry {_ms(g.time(entry.name))})"
+            f"autotune chose the candidate {same} ({_ms(mine)}; its own "
+            f"entry {_ms(g.time(entry.name))})"
         )
     out = []
     for label, other in (("ours best", g.ours_best), ("fastest", fastest)):
@@ -303,17 +303,19 @@ def _autotune_targets(g: Group) -> list[Target]:
 
 
 def _chosen_candidate(g: Group) -> str | None:
-    """Across workers, the group's candidate named "ours " + autotune's
-    chosen label, if autotune's entry verified and there is one. (Labels
-    of two-level tuple specs, `pscpu/pscpu#2`, do not match the
-    benchmark's names; those choices keep their own entry's time.)"""
+    """Across workers, the group's candidate that autotune chose, if its
+    entry verified and the choice is one: the session names the choice as
+    `candidates.name_of` does (records before that hold autotune's label,
+    "ours " + which names the same candidate except for tuple specs)."""
     entry = next((r for r in g.results if r.family == AUTOTUNE), None)
     if g.setting != "multi_worker" or entry is None or not entry.ok:
         return None
-    if not entry.timing.chosen:
-        return None
-    name = f"ours {entry.timing.chosen}"
-    return name if any(r.name == name for r in g.results) else None
+    chosen = entry.timing.chosen
+    names = {r.name for r in g.results}
+    for name in (chosen, f"ours {chosen}") if chosen else ():
+        if name in names:
+            return name
+    return None
 
 
 # Issue #15: trace + first step of one all-reduce of a workload's gradients

@@ -167,7 +167,11 @@ def test_quick_run_multi_worker_group_times_the_16_bit_bounds_and_autotune(
         assert bound.timing.samples
     (chosen,) = [r for r in group.results if r.family == "autotune"]
     assert chosen.timing.verified is True
-    assert chosen.timing.chosen.startswith("MultiWorkerAllReduce ")
+    # Named as the benchmark names the same candidate, or by autotune's
+    # label where the benchmark has none with its arguments.
+    assert chosen.timing.chosen.startswith(
+        ("ours MultiWorkerAllReduce ", "MultiWorkerAllReduce ")
+    )
     assert chosen.timing.search_seconds > 0
 
 
@@ -407,6 +411,58 @@ def test_compression_target_quotes_both_bounds_like_for_like(workers):
     # (x 4/3 at 3 workers); the note compares one copy with one copy.
     assert "40.000 ms in float32, 20.000 ms in bfloat16 (2.00x)" in target.note
     assert "72.000 ms in float32, 48.000 ms in bfloat16 (1.50x)" in target.note
+
+
+def _arguments(kwargs):
+    """kwargs as the constructor sees them: num_packs=0 is the default,
+    and a spec read back from JSON is a list."""
+    return tuple(
+        sorted(
+            (k, tuple(v) if isinstance(v, list) else v)
+            for k, v in kwargs.items()
+            if (k, v) != ("num_packs", 0)
+        )
+    )
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_autotune_choices_get_the_benchmark_candidates_names(workers):
+    """The session names autotune's choice with `candidates.name_of`: it
+    must give the name of the candidate built with the same arguments."""
+    from tf_crossdevice import _autotune
+
+    workload = workloads.resnet50()
+    gradients = [(shape, "float32") for shape in workload.shapes]
+    if workers == 1:
+        devices = [
+            f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)
+        ]
+        listed = candidates.single_process_candidates(workload)
+    else:
+        devices = [
+            f"/job:worker/replica:0/task:{t}/device:CPU:0" for t in range(2)
+        ]
+        listed = candidates.multi_worker_candidates(workload)
+    classes = {
+        "ours_spec": "SpecAllReduce",
+        "ours_multi_worker": "MultiWorkerAllReduce",
+    }
+    by_arguments = {
+        (classes[c.kind], _arguments(c.kwargs)): c.name
+        for c in listed
+        if c.kind in classes
+    }
+    topology = _autotune.Topology.of(devices)
+    matched = []
+    for config in _autotune.candidates(topology, gradients):
+        key = (config[0], _arguments(config[1]))
+        if key in by_arguments:
+            assert candidates.name_of(config) == by_arguments[key], config
+            matched.append(by_arguments[key])
+    assert len(matched) >= 8
+    # Two-level tuple specs among them (autotune labels them pscpu/pscpu#2).
+    two_level = [n for n in matched if "('pscpu/pscpu', 2, -1)" in n]
+    assert len(two_level) == (7 if workers == 2 else 0)
 
 
 def test_records_survive_json(tmp_path):

@@ -110,11 +110,12 @@ def _ours(
     out = []
     for alg, packing in settings:
         kwargs = {key: alg} | packing
-        full = _spec_name(name, alg, packing)
         if kind == "ours_all_reduce":  # hierarchical copy packs by default
             kwargs = {"num_packs": 0} | kwargs
             label = _label(packing).strip() or "num_packs=0"
             full = f"ours {name} {label}"
+        else:
+            full = _spec_name(name, alg, packing)
         out.append(Candidate(full, "ours", kind, kwargs))
     return out
 

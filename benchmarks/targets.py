@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 
 from benchmarks import roofline, sessions
-from benchmarks.records import Group, Target, ratio
+from benchmarks.records import Group, Result, Target, ratio
 
 # (workload, setting) -> [(what ours is compared with, threshold)];
 # "roofline" is a fraction of the roofline, anything else is a reference
@@ -55,9 +55,10 @@ def references(group: Group) -> list[str]:
     with autotune's configuration, the best of MWMS, of our hierarchical
     and of our flat strategy, and the compression target's entries."""
     out = list(REFERENCES)
-    out += [r.name for r in group.results if r.family == AUTOTUNE]
+    entry = _autotune_entry(group)
+    out += [entry.name] if entry else []
     if group.setting == "multi_worker":
-        out += [name for name in [_chosen_candidate(group)] if name]
+        out += [name for name in [_chosen_candidate(group, entry)] if name]
         best = map(group.best_among, (MWMS, HIERARCHICAL, FLAT))
         out += [name for name in best if name]
         out += _compression_entries(group)
@@ -250,7 +251,7 @@ def _autotune_targets(g: Group) -> list[Target]:
     (figures from the confirmation rounds; across workers, a choice that is
     one of the candidates counts with that candidate's time), and its
     search time against the budget its entry's name states."""
-    entry = next((r for r in g.results if r.family == AUTOTUNE), None)
+    entry = _autotune_entry(g)
     if entry is None:
         return []
     mine, timing = g.time(entry.name), entry.timing
@@ -258,7 +259,7 @@ def _autotune_targets(g: Group) -> list[Target]:
     fastest = min(bests, key=lambda n: g.time(n) or 0.0, default=None)
     where = f"{g.workload}, {g.scope}"
     chose = f"autotune chose {timing.chosen} ({_ms(mine)})"
-    same = _chosen_candidate(g)
+    same = _chosen_candidate(g, entry)
     if same is not None and g.time(same) is not None:
         # Across workers its choice is one of the candidates: judge the
         # configuration by that candidate's time, as the fastest's is
@@ -302,12 +303,17 @@ def _autotune_targets(g: Group) -> list[Target]:
     return out
 
 
-def _chosen_candidate(g: Group) -> str | None:
-    """Across workers, the group's candidate that autotune chose, if its
-    entry verified and the choice is one: the session names the choice as
-    `candidates.name_of` does (records before that hold autotune's label,
-    "ours " + which names the same candidate except for tuple specs)."""
-    entry = next((r for r in g.results if r.family == AUTOTUNE), None)
+def _autotune_entry(g: Group) -> Result | None:
+    """The group's autotune entry (family AUTOTUNE), if it has one."""
+    return next((r for r in g.results if r.family == AUTOTUNE), None)
+
+
+def _chosen_candidate(g: Group, entry: Result | None) -> str | None:
+    """Across workers, the group's candidate that autotune (its `entry`)
+    chose, if the entry verified and the choice is one: the session names
+    the choice as `candidates.name_of` does (records before that hold
+    autotune's label, "ours " + which names the same candidate except for
+    tuple specs)."""
     if g.setting != "multi_worker" or entry is None or not entry.ok:
         return None
     chosen = entry.timing.chosen

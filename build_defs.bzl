@@ -20,8 +20,8 @@ def pytest_tests(deps, slow = [], multiprocess = [], long = [], data = {}):
       long: other tests that need more than a medium test's 5 minutes.
       data: extra runfiles by test name, e.g. another test file it imports.
     """
-    files = native.glob(["tests/*_test.py"])
-    names = [f[len("tests/"):-len(".py")] for f in files]
+    files = native.glob(["tests/**/*_test.py"])
+    names = [f.split("/")[-1][:-len(".py")] for f in files]
     for name in slow + multiprocess + long + list(data):
         if name not in names:
             fail("pytest_tests: no tests/%s.py for the name '%s'" % (name, name))

@@ -21,9 +21,10 @@ from tf_crossdevice import testing  # noqa: E402
 
 testing.request_cpu_devices(8)
 
-# Legacy scripts that tests/compat_corpus_test.py runs as programs; one is TF
-# 1 code that cannot be imported (--doctest-modules would) before upgrading.
-collect_ignore = ["tests/compat_corpus"]
+# Legacy scripts that tests/compat/compat_corpus_test.py runs as programs;
+# one is TF 1 code that cannot be imported (--doctest-modules would)
+# before upgrading.
+collect_ignore = ["tests/compat/corpus"]
 
 
 @pytest.fixture(autouse=True)

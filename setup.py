@@ -27,20 +27,24 @@ setuptools.setup(
     package_dir={"tf_crossdevice.compat": "compat"},
     package_data={"tf_crossdevice": ["py.typed"]},
     python_requires=">=3.10",
-    # The full tensorflow wheel runs on CPU-only machines and on GPUs (add
-    # tensorflow[and-cuda] for the CUDA libraries), so one requirement serves
-    # both; users who already have tensorflow-cpu 2.21 can install with
-    # --no-deps.
+    # TensorFlow is not a requirement: the package works with whichever
+    # TensorFlow 2.21 wheel the user has (tensorflow, tensorflow-cpu, a CUDA
+    # build) and must never install a second one over it. The extras below
+    # name the choices; importing tf_crossdevice without any raises an
+    # ImportError that says which to install (_core/requirements.py).
     install_requires=[
-        "tensorflow~=2.21.0",
         "absl-py>=1.0",
         "numpy>=1.26",
-        # Worker processes (tf_crossdevice/_processes.py): portpicker picks
-        # free ports, psutil finds a worker's process tree to stop it whole.
+        # Worker processes (tf_crossdevice/cluster/processes.py): portpicker
+        # picks free ports, psutil finds a worker's process tree to stop it
+        # whole.
         "portpicker>=1.6",
         "psutil>=5.9",
     ],
     extras_require={
+        "cpu": ["tensorflow-cpu~=2.21.0"],
+        "gpu": ["tensorflow[and-cuda]~=2.21.0"],
+        "tensorflow": ["tensorflow~=2.21.0"],
         # pytest-xdist runs the suite on both cores of a small machine.
         # matplotlib draws the benchmark's time-vs-size plot; tqdm is its
         # progress bar (a full run takes a long time).
@@ -54,11 +58,23 @@ setuptools.setup(
             "hypothesis>=6.100",
             "matplotlib>=3.8",
             "tqdm>=4.66",
-            # tests/compat_upgrade_test.py runs the migration command.
+            # tests/compat/compat_upgrade_test.py runs the migration command.
             "libcst>=1.1",
         ],
         # Pinned: a new release's rules would otherwise fail CI on its own.
-        "dev": ["ruff==0.17.6", "mypy==2.4.1", "types-psutil>=7.0"],
+        # import-linter checks the layering (.importlinter).
+        "dev": [
+            "ruff==0.17.6",
+            "mypy==2.4.1",
+            "types-psutil>=7.0",
+            "import-linter==2.17",
+        ],
+        # The documentation site (mkdocs.yml), built with --strict in CI.
+        "docs": [
+            "mkdocs==1.6.1",
+            "mkdocs-material==9.6.23",
+            "mkdocstrings[python]==0.30.1",
+        ],
     },
     classifiers=["Programming Language :: Python :: 3"],
 )

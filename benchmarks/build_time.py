@@ -98,7 +98,7 @@ def measure(
     import tensorflow as tf
 
     import tf_crossdevice
-    from tf_crossdevice import _measure
+    from tf_crossdevice.tuning import measure as _measure
 
     tf.keras.backend.clear_session()
     inputs = _measure.Inputs(

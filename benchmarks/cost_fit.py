@@ -30,7 +30,7 @@ from benchmarks import candidates as candidates_lib
 from benchmarks import records
 from benchmarks import workloads as workloads_lib
 from benchmarks.candidates import Candidate
-from tf_crossdevice import cost_model
+from tf_crossdevice.tuning import cost_model
 
 TOLERANCE = 0.25  # the target: within 25% of the measured time
 
@@ -295,7 +295,7 @@ def report(
         "",
         f"Written by `{command}`",
         "(`tf_crossdevice.cost_model`, counts in",
-        "`tf_crossdevice/_schedules/traffic.py`). Measured: each",
+        "`tf_crossdevice/tuning/_traffic.py`). Measured: each",
         "candidate's net median step time in the benchmark records",
         "(confirmation rounds where it was re-timed).",
         "",

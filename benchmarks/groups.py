@@ -27,7 +27,10 @@ from typing import Any
 from benchmarks import candidates as candidates_lib
 from benchmarks import records, roofline, sessions, targets
 from benchmarks import workloads as workloads_lib
-from tf_crossdevice import _measure, _processes, cluster, launch
+from tf_crossdevice import launch
+from tf_crossdevice.cluster import _local as cluster
+from tf_crossdevice.cluster import processes as _processes
+from tf_crossdevice.tuning import measure
 
 ChildError = _processes.ChildError
 # The checkout: sessions run `python -m benchmarks.sessions` from there.
@@ -133,7 +136,7 @@ class Sessions:
 
     def prepare(
         self, name: str, candidate: Any, verifies: bool
-    ) -> _measure.Prepared:
+    ) -> measure.Prepared:
         """The entry built, checked and warmed up in every session: the
         first error, else the slowest session's times."""
         command = {
@@ -143,10 +146,10 @@ class Sessions:
             "candidate": dataclasses.asdict(candidate) if candidate else None,
         }
         try:
-            answers = [_measure.Prepared(**a) for a in self.request(command)]
+            answers = [measure.Prepared(**a) for a in self.request(command)]
         except ChildError as e:
             failed = False if verifies else None
-            return _measure.Prepared(failed, _measure.first_line(str(e)), 0, 0)
+            return measure.Prepared(failed, measure.first_line(str(e)), 0, 0)
         slowest = dataclasses.replace(
             answers[0],
             seconds_per_call=max(a.seconds_per_call for a in answers),
@@ -357,20 +360,20 @@ def _measure_group(
         except ChildError as e:
             loaded[side] = f"could not load the workload: {e}"
     opened: list[roofline.TcpLoopback] = []
-    prepared: dict[str, _measure.Prepared] = {}
-    timers: dict[str, _measure.TimeFn] = {}
+    prepared: dict[str, measure.Prepared] = {}
+    timers: dict[str, measure.TimeFn] = {}
     for name, family, _, where, candidate in entries:
         describe(f"{workload.name} x{group.num_replicas}: {name}")
         verifies = family != "baseline"
         if where is None:  # TCP loopback, timed here
-            prepared[name], call = _measure.prepare(
+            prepared[name], call = measure.prepare(
                 lambda: _tcp_entry(workload.num_bytes, opened), config.warmup
             )
             if call is not None:
-                timers[name] = _measure.timer(call)
+                timers[name] = measure.timer(call)
         elif loaded[where] is not None:
             failed = False if verifies else None
-            prepared[name] = _measure.Prepared(failed, loaded[where], 0, 0)
+            prepared[name] = measure.Prepared(failed, loaded[where], 0, 0)
         else:
             prepared[name] = where.prepare(name, candidate, verifies)
             if prepared[name].error is None:

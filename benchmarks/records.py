@@ -2,7 +2,7 @@
 
 A group is one workload on one set of replicas (n logical devices of one
 process, or p worker processes). Its entries are candidates ("ours", "tf"),
-rooflines, bounds and baselines, each with a `_measure.Timing`. A result's
+rooflines, bounds and baselines, each with a `measure.Timing`. A result's
 time is its median minus its baseline's median: the all-reduce's own cost,
 as nccl-tests times it, without the cost of producing its inputs. JSON is
 `dataclasses.asdict` of a `Run`; `Run.read` turns it back into records
@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tf_crossdevice import _measure
+from tf_crossdevice.tuning import measure
 
 
 @dataclasses.dataclass
@@ -50,7 +50,7 @@ class Result:
     name: str
     family: str
     baseline: str | None
-    timing: _measure.Timing
+    timing: measure.Timing
     time_seconds: float | None = None
     algbw_gbps: float | None = None
     busbw_gbps: float | None = None
@@ -64,8 +64,8 @@ class Result:
     @property
     def build_seconds(self) -> float:
         """Seconds from nothing to timing: both traces of the step
-        (`_measure.Step`), their first runs, the numpy check and the
-        warm-up calls (`_measure.prepare`); `benchmarks.build_time` times
+        (`measure.Step`), their first runs, the numpy check and the
+        warm-up calls (`measure.prepare`); `benchmarks.build_time` times
         trace and first step alone."""
         return self.timing.build_seconds
 
@@ -115,7 +115,7 @@ class Group:
 
         def result(d: dict[str, Any]) -> Result:
             t = dict(d["timing"], samples=tuple(d["timing"]["samples"]))
-            return Result(**{**d, "timing": _measure.Timing(**t)})
+            return Result(**{**d, "timing": measure.Timing(**t)})
 
         lists = ("baselines", "results")
         return cls(**data | {k: [result(r) for r in data[k]] for k in lists})
@@ -186,7 +186,7 @@ class Run:
 
 def _upgraded_result(d: dict[str, Any]) -> dict[str, Any]:
     steps = d.get("step_seconds") or {}
-    timing = _measure.Timing(
+    timing = measure.Timing(
         d["name"],
         d.get("verified"),
         d.get("error"),
@@ -251,9 +251,9 @@ def entry_of(
     name: str, family: str, baseline: str | None, samples: Sequence[float]
 ) -> Result:
     """A verified entry with these samples (for examples and tests)."""
-    prepared = _measure.Prepared(family != "baseline" or None, None, 0.0, 0.0)
+    prepared = measure.Prepared(family != "baseline" or None, None, 0.0, 0.0)
     return Result(
-        name, family, baseline, _measure.Timing.of(name, prepared, 1, samples)
+        name, family, baseline, measure.Timing.of(name, prepared, 1, samples)
     )
 
 
@@ -323,8 +323,8 @@ MAX_FINALISTS = 16
 def timed_group(
     group: Group,
     entries: Sequence[tuple[str, str, str | None]],
-    prepared: dict[str, _measure.Prepared],
-    timers: dict[str, _measure.TimeFn],
+    prepared: dict[str, measure.Prepared],
+    timers: dict[str, measure.TimeFn],
     config: Any,
     references: Sequence[str] | Callable[[Group], Sequence[str]] = (),
     roofline_time: Callable[[float], float] | None = None,
@@ -334,7 +334,7 @@ def timed_group(
     Args:
         group: the group to fill.
         entries: (name, family, baseline) of every entry.
-        prepared: each entry's `_measure.prepare` outcome.
+        prepared: each entry's `measure.prepare` outcome.
         timers: the entries that can be timed.
         config: rounds, target_seconds, max_reps, seed.
         references: entries the targets compare with (re-timed too), or
@@ -342,16 +342,16 @@ def timed_group(
         roofline_time: see `add_results`.
     """
     reps = {
-        n: _measure.reps_for(
+        n: measure.reps_for(
             prepared[n].seconds_per_call, config.target_seconds, config.max_reps
         )
         for n in timers
     }
-    samples, errors = _measure.interleaved_rounds(
+    samples, errors = measure.interleaved_rounds(
         timers, reps, config.rounds, config.seed
     )
     timings = {
-        name: _measure.Timing.of(
+        name: measure.Timing.of(
             name, p, reps.get(name, 0), samples.get(name, []), errors.get(name)
         )
         for name, p in prepared.items()
@@ -360,7 +360,7 @@ def timed_group(
     add_results(group, results, roofline_time)
     also = references(group) if callable(references) else references
     names = [n for n in finalists(group, also) if n in samples]
-    confirm, _ = _measure.interleaved_rounds(
+    confirm, _ = measure.interleaved_rounds(
         {n: timers[n] for n in names},
         reps,
         config.rounds,

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tf_crossdevice import _processes
+from tf_crossdevice.cluster import processes as _processes
 
 # The receiver: reads `size` bytes per round and answers each round with one
 # byte. Plain Python, so it starts at once; it takes its setup as the

@@ -11,15 +11,15 @@
   running our CollectiveAllReduce or HierarchicalCollectiveAllReduce.
 
 With k local devices per worker, replica r = task * k + i holds replica r's
-values (`_measure.Inputs`) and every result is their sum over all p * k
+values (`measure.Inputs`) and every result is their sum over all p * k
 replicas. TensorFlow's strategy has one CPU replica per worker: its worker
 holds the sum of the k values our worker's devices hold (what one device
 computing the worker's whole batch would hold), summed once when loaded,
 so both reduce the same global data to the same result, checked the same
 way, and both send one workload of bytes per worker between workers.
 
-Commands (JSON lines, `tf_crossdevice._processes`): the setup, then load a
-workload, prepare an entry (build, check against numpy, warm up), time n
+Commands (JSON lines, `tf_crossdevice.cluster.processes`): the setup, then
+load a workload, prepare an entry (build, check against numpy, warm up), time n
 calls of it, unload. Started by `groups.Sessions` as
 `python -m benchmarks.sessions --role=in_graph|mwms|ours_mwms`.
 """
@@ -38,8 +38,10 @@ from absl import app, flags
 
 from benchmarks import candidates as candidates_lib
 from benchmarks import roofline
-from tf_crossdevice import _measure, _processes, testing
-from tf_crossdevice._builders import compression as compression_lib
+from tf_crossdevice import testing
+from tf_crossdevice.cluster import processes as _processes
+from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.tuning import measure
 
 INPUTS_BASELINE = "baseline: inputs only"
 FLAT_BASELINE = "baseline: flat buffers only"
@@ -67,17 +69,17 @@ AUTOTUNE = "autotune"  # the entry's name: "autotune (60 s budget)"
 Built = tuple[Callable[[], Any], Callable[[], "str | None"]]
 
 
-def _step(body: Callable[[], _measure.Results], check: Any) -> Built:
-    step = _measure.Step(body)
+def _step(body: Callable[[], measure.Results], check: Any) -> Built:
+    step = measure.Step(body)
     return step.timed, lambda: step.verify(check) if check else None
 
 
 def check_of(
     candidate: candidates_lib.Candidate,
-    inputs: _measure.Inputs,
+    inputs: measure.Inputs,
     num_workers: int,
-) -> _measure.Check:
-    """The check of a candidate's results (`_measure.Inputs.check_for`):
+) -> measure.Check:
+    """The check of a candidate's results (`measure.Inputs.check_for`):
     numpy's sum exactly, or within its codec's rounding with compression
     across `num_workers` workers."""
     return inputs.check_for(candidate.kwargs.get("compression"), num_workers)
@@ -97,7 +99,7 @@ class Session:
     def __init__(self, setup: dict[str, Any]):
         self.seed, self.warmup = setup["seed"], setup["warmup"]
         self.devices: list[str] = []
-        self.inputs: _measure.Inputs | None = None
+        self.inputs: measure.Inputs | None = None
         self.calls: dict[str, Callable[[], Any]] = {}
         self.closers: list[Callable[[], None]] = []
         # Entries chosen by a search: name -> (seconds it took, its choice).
@@ -118,7 +120,7 @@ class Session:
             return {"peak_rss_bytes": peak}
         if cmd == "prepare":
             name, candidate = command["name"], command["candidate"]
-            prepared, call = _measure.prepare(
+            prepared, call = measure.prepare(
                 lambda: self.build(name, candidate),
                 self.warmup,
                 command["verifies"],
@@ -136,13 +138,13 @@ class Session:
             return dataclasses.asdict(prepared)
         if cmd == "time":
             call = self.calls[command["name"]]
-            return {"seconds": _measure.time_calls(call, command["reps"])}
+            return {"seconds": measure.time_calls(call, command["reps"])}
         raise ValueError(f"command: unknown {cmd!r}")
 
-    def load(self, gradients: Any, local_devices: int) -> _measure.Inputs:
+    def load(self, gradients: Any, local_devices: int) -> measure.Inputs:
         """This process's replicas' inputs (`local_devices`: per worker)."""
         del local_devices  # one replica per device here
-        return _measure.Inputs(
+        return measure.Inputs(
             gradients,
             self.devices,
             self.seed,
@@ -164,7 +166,7 @@ class InGraph(Session):
         # One replica per worker across a cluster; else one process.
         self.num_workers = len(setup.get("cluster", {}).get("worker", [0]))
         if "cluster" in setup:
-            from tf_crossdevice import multi_worker
+            from tf_crossdevice.cluster import _in_graph as multi_worker
 
             self.devices = multi_worker.WorkerReplicas(
                 setup["cluster"], replicas_per_worker=1
@@ -178,15 +180,15 @@ class InGraph(Session):
         assert inputs is not None
         (expected,) = inputs.expected_flats.values()
 
-        def flat_check(results: _measure.Results, _: Any) -> str | None:
+        def flat_check(results: measure.Results, _: Any) -> str | None:
             got = np.concatenate([np.asarray(t) for t in results[0]])
-            return _measure.mismatch(got, expected)
+            return measure.mismatch(got, expected)
 
         if candidate is not None:
             c = candidates_lib.Candidate(**candidate)
             ops = candidates_lib.build(c, inputs.devices)
             return _step(
-                _measure.all_reduce_body(ops, inputs),
+                measure.all_reduce_body(ops, inputs),
                 check_of(c, inputs, self.num_workers),
             )
         if name.startswith(AUTOTUNE):
@@ -223,12 +225,12 @@ class InGraph(Session):
 
             def check() -> str | None:
                 summer()
-                return _measure.mismatch(summer.out, expected)
+                return measure.mismatch(summer.out, expected)
 
             return summer, check
         raise ValueError(f"entry: unknown {name!r}")
 
-    def _autotune(self, name: str, inputs: _measure.Inputs) -> Built:
+    def _autotune(self, name: str, inputs: measure.Inputs) -> Built:
         """autotune on the group's gradients and devices (a fresh cache:
         it measures), then its choice as an entry."""
         import tempfile
@@ -249,7 +251,7 @@ class InGraph(Session):
         chosen = candidates_lib.name_of(result.config) or result.label
         self.searches[name] = (time.monotonic() - start, chosen)
         return _step(
-            _measure.all_reduce_body(ops, inputs),
+            measure.all_reduce_body(ops, inputs),
             inputs.check_for(
                 result.config[1].get("compression"), self.num_workers
             ),
@@ -261,17 +263,15 @@ def _copy_step(variable: tf.Variable, device: str) -> Built:
     checked to arrive bit for bit."""
     sent = variable.numpy()
 
-    def copy() -> _measure.Results:
+    def copy() -> measure.Results:
         with tf.device(device):
             return [[tf.identity(variable)]]
 
-    return _step(
-        copy, lambda r, _: _measure.mismatch(np.asarray(r[0][0]), sent)
-    )
+    return _step(copy, lambda r, _: measure.mismatch(np.asarray(r[0][0]), sent))
 
 
 def _sum_copy_step(
-    inputs: _measure.Inputs, wire: str | None, num_workers: int
+    inputs: measure.Inputs, wire: str | None, num_workers: int
 ) -> Built:
     """Every device's tensors, copied now into variables of their own (the
     float ones cast to bfloat16 when `wire`), and a step that sums each on
@@ -294,11 +294,11 @@ def _sum_copy_step(
                 ]
             )
 
-    def body() -> _measure.Results:
+    def body() -> measure.Results:
         out = []
         for k in range(len(inputs.shapes)):
             reads = [
-                _measure.read_on(variables[k], device)
+                measure.read_on(variables[k], device)
                 for device, variables in zip(inputs.devices, held, strict=True)
             ]
             with tf.device(inputs.devices[0]):
@@ -313,7 +313,7 @@ def _sum_copy_step(
     check = inputs.check_for(wire, num_workers)
 
     def in_own_dtypes(
-        results: _measure.Results, devices: list[list[str]]
+        results: measure.Results, devices: list[list[str]]
     ) -> str | None:
         # Back to each gradient's dtype in numpy, outside the timed step.
         own = [
@@ -325,7 +325,7 @@ def _sum_copy_step(
     return _step(body, in_own_dtypes)
 
 
-def _add_n(inputs: _measure.Inputs, pieces: int) -> _measure.Results:
+def _add_n(inputs: measure.Inputs, pieces: int) -> measure.Results:
     """n-way sum of the flat buffers, piece c on device c (mod n)."""
     flats = inputs.flats()
     sizes = roofline.aligned_pieces(flats[0].shape[0], pieces, 16)
@@ -340,7 +340,7 @@ def _add_n(inputs: _measure.Inputs, pieces: int) -> _measure.Results:
     return [sums]
 
 
-def _pack_unpack(inputs: _measure.Inputs) -> _measure.Results:
+def _pack_unpack(inputs: measure.Inputs) -> measure.Results:
     """Each device concatenates its tensors and splits them back: the
     packing work of every packing algorithm, without transfer or sum."""
     per_device = []
@@ -366,13 +366,13 @@ class Mwms(Session):
         self.first_replica = self.task = resolver.task_id
         self.total_replicas = len(resolver.cluster_spec().as_dict()["worker"])
 
-    def load(self, gradients: Any, local_devices: int) -> _measure.Inputs:
+    def load(self, gradients: Any, local_devices: int) -> measure.Inputs:
         """One replica holding the sum of the `local_devices` replicas that
         our strategy's worker holds (see the module's docstring)."""
         if local_devices == 1:
             return super().load(gradients, 1)
         assert self.total_replicas is not None
-        inputs = _measure.Inputs(
+        inputs = measure.Inputs(
             gradients,
             self.devices * local_devices,
             self.seed,
@@ -456,7 +456,7 @@ class OursMwms(Session):
         assert inputs is not None
         if name == OURS_MWMS_BASELINE:
 
-            def inputs_body() -> _measure.Results:
+            def inputs_body() -> measure.Results:
                 return [list(v.values) for v in inputs.values()]
 
             return _step(inputs_body, inputs.check_inputs)
@@ -468,7 +468,7 @@ class OursMwms(Session):
             c.kwargs.get("compression"),
         )
 
-        def body() -> _measure.Results:
+        def body() -> measure.Results:
             values = [(v, v) for v in inputs.values()]
             reduced = strategy.extended.batch_reduce_to(
                 tf.distribute.ReduceOp.SUM, values
@@ -511,7 +511,7 @@ def main(argv: list[str]) -> int:
         try:
             answer = session.handle(command)
         except Exception as e:  # noqa: BLE001 - sent to the parent.
-            error = f"{type(e).__name__}: {_measure.first_line(str(e))}"
+            error = f"{type(e).__name__}: {measure.first_line(str(e))}"
             answer = {"error": error}
         _processes.reply(answer)
     return 0

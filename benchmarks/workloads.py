@@ -1,6 +1,6 @@
 """The tensor sets the benchmark reduces: one replica's float32 gradients.
 
-The values come from `tf_crossdevice._measure.Inputs` (small integers, so
+The values come from `tf_crossdevice.tuning.measure.Inputs` (small integers, so
 every summation order gives numpy's sum exactly).
 
 >>> w = bert_base()

@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 import tf_crossdevice
-from tf_crossdevice import _checks
+from tf_crossdevice._core import checks
 
 from ._arguments import LegacyArguments
 
@@ -190,7 +190,7 @@ def mirrored_strategy(
             f"{list(devices)!r} and num_gpus={num_gpus!r})"
         )
     if num_gpus is not None:
-        num_gpus = _checks.non_negative_int(num_gpus, "num_gpus")
+        num_gpus = checks.non_negative_int(num_gpus, "num_gpus")
         devices = [f"/gpu:{i}" for i in range(num_gpus)] or ["/cpu:0"]
     if cross_tower_ops is not None and not isinstance(
         cross_tower_ops, tf.distribute.CrossDeviceOps

@@ -13,7 +13,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice import _checks, _packing
+from tf_crossdevice._core import checks
+from tf_crossdevice.packing import _pack as _packing
 
 GradsAndVars = Sequence[Sequence[tuple[Any, Any]]]
 
@@ -71,7 +72,7 @@ class ConcatAndSplitPacker(_Packer):
     """
 
     def __init__(self, num_packs: int = 1) -> None:
-        self.num_packs = _checks.positive_int(num_packs, "num_packs")
+        self.num_packs = checks.positive_int(num_packs, "num_packs")
         super().__init__(
             num_packs=num_packs,
             agg_small_grads_max_bytes=0,
@@ -94,10 +95,10 @@ class AggregateSmallTensorPacker(_Packer):
         agg_small_grads_max_bytes: int = 1048576,
         agg_small_grads_max_group: int = 16,
     ) -> None:
-        self.agg_small_grads_max_bytes = _checks.positive_int(
+        self.agg_small_grads_max_bytes = checks.positive_int(
             agg_small_grads_max_bytes, "agg_small_grads_max_bytes"
         )
-        self.agg_small_grads_max_group = _checks.positive_int(
+        self.agg_small_grads_max_group = checks.positive_int(
             agg_small_grads_max_group, "agg_small_grads_max_group"
         )
         super().__init__(

@@ -12,7 +12,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice import _base, _tf_internal, testing
+from tf_crossdevice import testing
+from tf_crossdevice._core import tf_internal
+from tf_crossdevice.ops import _base
 
 
 def _placed(index: Any, argument: str) -> tuple[Any, ...]:
@@ -33,7 +35,7 @@ def per_device(index: Mapping[str, Any]) -> Any:
     >>> [v.device[-5:] for v in value.values]
     ['CPU:0', 'CPU:1']
     """
-    return _tf_internal.PerReplica(_placed(index, "index"))
+    return tf_internal.PerReplica(_placed(index, "index"))
 
 
 def mirrored(index: Mapping[str, Any]) -> Any:
@@ -44,7 +46,7 @@ def mirrored(index: Mapping[str, Any]) -> Any:
     >>> type(value).__name__
     'Mirrored'
     """
-    return _tf_internal.Mirrored(_placed(index, "index"))
+    return tf_internal.Mirrored(_placed(index, "index"))
 
 
 def check_destinations(destinations: Any) -> bool:
@@ -72,7 +74,7 @@ def validate_destinations(destinations: Any) -> None:
     if not isinstance(
         destinations,
         (
-            _tf_internal.DistributedValues,
+            tf_internal.DistributedValues,
             tf.Variable,
             tf.Tensor,
             str,

@@ -324,8 +324,8 @@ def class_of(v: dict[str, Any]) -> str:
 
 def spec_algorithms(spec: str) -> list[str]:
     """The single-level algorithm names of a valid spec."""
-    from tf_crossdevice._builders import registry
-    from tf_crossdevice._schedules import spec as spec_lib
+    from tf_crossdevice.algorithms import _registry as registry
+    from tf_crossdevice.algorithms import _spec as spec_lib
 
     parsed = spec_lib.parse_all_reduce_spec(spec, registry.algorithm_names())
     return [name for r in parsed for name in r.alg.split("/")]

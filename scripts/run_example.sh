@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e .
+.venv/bin/python -m pip install -q -e '.[cpu]'
 .venv/bin/python examples/train.py "$@"

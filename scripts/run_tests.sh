@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Installs tf_crossdevice and its test tools into a fresh .venv (from nothing
-# but python3) and runs every check: format, lint, types, the Bazel build
-# (when Bazel is, or can be, installed), then the whole pytest suite with
-# doctests. pytest runs last so that its summary is the closing line.
+# but python3) and runs every check: format, lint, types, the import
+# contracts (.importlinter), the documentation site's strict build, the Bazel
+# build (when Bazel is, or can be, installed), then the whole pytest suite
+# with doctests. pytest runs last so that its summary is the closing line.
+# The venv gets tensorflow-cpu (the [cpu] extra): the package itself never
+# installs a TensorFlow wheel over the one a user has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL=2
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test,dev]'
+.venv/bin/python -m pip install -q -e '.[cpu,test,dev,docs]'
 
 echo "== ruff format --check"
 .venv/bin/ruff format --check .
@@ -17,6 +20,12 @@ echo "== ruff check"
 .venv/bin/ruff check .
 echo "== mypy (public API typed; config in mypy.ini)"
 .venv/bin/mypy
+echo "== lint-imports (the layering and public-name contracts)"
+.venv/bin/lint-imports --no-cache
+echo "== mkdocs build --strict (the documentation site, into a temporary folder)"
+SITE_DIR=$(mktemp -d)
+trap 'rm -rf "$SITE_DIR"' EXIT
+.venv/bin/mkdocs build --strict --quiet --site-dir "$SITE_DIR"
 echo "== bazel test //... (offline; .bazelrc)"
 PYTHON="$PWD/.venv/bin/python" bash scripts/bazel_test.sh
 echo "== pytest (every test, slow ones included, and every doctest)"

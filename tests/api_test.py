@@ -8,14 +8,17 @@ import tensorflow as tf
 import tf_crossdevice
 
 PUBLIC_SUBMODULES = {
-    "testing",
-    "compat",
+    "algorithms",
     "cluster",
-    "multi_worker",
-    "collective_runtime",
-    "strategy",
-    "launch",
+    "collective",
+    "compat",
+    "compression",
     "cost_model",
+    "launch",
+    "ops",
+    "packing",
+    "testing",
+    "tuning",
 }
 # Public classes that are not CrossDeviceOps.
 OTHER_CLASSES = {"MultiWorkerMirroredStrategy", "CollectiveCluster"}

@@ -1,4 +1,4 @@
-"""Client side of tests/autotune_multi_worker_test.py, run as its own process.
+"""Client of tests/tuning/autotune_multi_worker_test.py, in its own process.
 
 Connecting to a cluster changes process-wide TensorFlow state, so autotune
 runs here: it connects through the cluster spec it is given, measures
@@ -13,7 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 import tf_crossdevice
-from tf_crossdevice import _processes, multi_worker
+from tf_crossdevice.cluster import _in_graph as multi_worker
+from tf_crossdevice.cluster import processes
 
 
 def make_inputs(gradients, num_replicas, seed=0):
@@ -57,7 +58,7 @@ def main(job):
         budget_seconds=job["budget_seconds"],
         cache_dir=job["cache_dir"],
     )
-    _processes.reply(
+    processes.reply(
         {
             "class": type(ops).__name__,
             "config": list(result.config),
@@ -75,6 +76,6 @@ def main(job):
 
 
 if __name__ == "__main__":
-    _processes.exit_when_parent_goes()
+    processes.exit_when_parent_goes()
     tf.get_logger().setLevel("ERROR")
-    main(next(_processes.commands()))
+    main(next(processes.commands()))

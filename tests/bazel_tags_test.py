@@ -25,7 +25,7 @@ def _build_list(name: str) -> list[str]:
 def test_slow_tests_are_the_files_marked_slow():
     marked = [
         path.stem
-        for path in sorted((REPO / "tests").glob("*_test.py"))
+        for path in sorted((REPO / "tests").rglob("*_test.py"))
         if path.name != pathlib.Path(__file__).name
         and "pytest.mark.slow" in path.read_text(encoding="utf-8")
     ]

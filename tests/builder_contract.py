@@ -6,8 +6,8 @@ checks that against numpy eagerly, in tf.function and in TF1 graphs, with
 static and unknown shapes, scalars and empty tensors, on 1 to 8 devices, and
 checks placement and argument validation. A test class subclasses it and
 provides the fixture `make_builder`, a `shards -> AllReduceBuilder`
-(normally `functools.partial(registry.build, name)`); tests/builders_test.py
-does so for every registered algorithm.
+(normally `functools.partial(registry.build, name)`);
+tests/algorithms/builders_test.py does so for every registered algorithm.
 
 The matrix runs eagerly: building the same ops inside a tf.function measured
 about ten times slower here, and the graph paths get their own smaller

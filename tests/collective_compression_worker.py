@@ -146,7 +146,7 @@ def as_lists(strategy, per_replica_values) -> list[list]:
 def reduce_case(name: str, kind: str, local: int, compression: str) -> None:
     import tensorflow as tf
 
-    from tf_crossdevice import _processes
+    from tf_crossdevice.cluster import processes
 
     strategy = make_strategy(kind, local, compression)
 
@@ -168,7 +168,7 @@ def reduce_case(name: str, kind: str, local: int, compression: str) -> None:
         return strategy.run(replica_step, args=(inputs,))
 
     sums, means = step(inputs)
-    _processes.reply(
+    processes.reply(
         {
             "case": name,
             "sums": as_lists(strategy, sums),
@@ -181,7 +181,7 @@ def train(compression: str | None) -> None:
     import keras
     import tensorflow as tf
 
-    from tf_crossdevice import _processes
+    from tf_crossdevice.cluster import processes
 
     strategy = make_strategy("flat", 1, compression)
     x, y = classification_data()
@@ -203,7 +203,7 @@ def train(compression: str | None) -> None:
             loss="binary_crossentropy",
         )
     model.fit(dataset, epochs=EPOCHS, verbose=0)
-    _processes.reply(
+    processes.reply(
         {
             "train": compression,
             "weights": [np.ravel(w).tolist() for w in model.get_weights()],
@@ -212,9 +212,9 @@ def train(compression: str | None) -> None:
 
 
 def main() -> int:
-    from tf_crossdevice import _processes
+    from tf_crossdevice.cluster import processes
 
-    _processes.exit_when_parent_goes()
+    processes.exit_when_parent_goes()
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]

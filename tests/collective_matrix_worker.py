@@ -2,8 +2,8 @@
 
 Run as `python -m tests.collective_matrix_worker LOCAL_DEVICES` from the
 repository root with `TF_CONFIG` set (collective_matrix_test starts W of
-them through `tf_crossdevice._processes`). The process splits its CPU into
-LOCAL_DEVICES logical devices, then for each variant ("flat":
+them through `tf_crossdevice.cluster.processes`). The process splits its
+CPU into LOCAL_DEVICES logical devices, then for each variant ("flat":
 CollectiveAllReduce, "hier": HierarchicalCollectiveAllReduce) builds a
 `tf_crossdevice.MultiWorkerMirroredStrategy` and runs every case of
 `cases()` in that order (every worker runs the same program, so their
@@ -297,14 +297,14 @@ def main(argv: list[str]) -> None:
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * local
     )
-    from tf_crossdevice import _processes
-    from tf_crossdevice._collective_ops import CollectiveAllReduce
-    from tf_crossdevice._hierarchical_collective_ops import (
+    from tf_crossdevice.cluster import processes
+    from tf_crossdevice.collective._all_reduce import CollectiveAllReduce
+    from tf_crossdevice.collective._hierarchical import (
         HierarchicalCollectiveAllReduce,
     )
-    from tf_crossdevice.strategy import MultiWorkerMirroredStrategy
+    from tf_crossdevice.collective._strategy import MultiWorkerMirroredStrategy
 
-    _processes.exit_when_parent_goes(watch_stdin=True)
+    processes.exit_when_parent_goes(watch_stdin=True)
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     for variant in VARIANTS:
         ops = (
@@ -321,7 +321,7 @@ def main(argv: list[str]) -> None:
         )
         runner = _Runner(strategy, task, local)
         results = {case["name"]: runner.run(case) for case in cases()}
-        _processes.reply({"variant": variant, "task": task, "results": results})
+        processes.reply({"variant": variant, "task": task, "results": results})
 
 
 if __name__ == "__main__":

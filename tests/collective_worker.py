@@ -7,7 +7,7 @@ and builds `tf_crossdevice.MultiWorkerMirroredStrategy` with each of CLASSES
 in turn ("flat": CollectiveAllReduce, "hier":
 HierarchicalCollectiveAllReduce; "flat,hier" for both, in one process) and
 `timeout_seconds=TIMEOUT` (default 60). It answers
-the test with `_processes.reply` lines and ends when its test does
+the test with `processes.reply` lines and ends when its test does
 (`exit_when_parent_goes`). Modes:
 
 - train: Keras `model.fit`, then a custom loop with `strategy.run`, on the
@@ -96,13 +96,14 @@ def replies(
     Returns:
         replies[kind][task]: that worker's two replies, merged.
     """
-    from tf_crossdevice import _processes, launch
+    from tf_crossdevice import launch
+    from tf_crossdevice.cluster import processes
 
     children = []
     try:
         for i, env in enumerate(launch.tf_config_envs(num_workers)):
             children.append(
-                _processes.start_module(
+                processes.start_module(
                     "tests.collective_worker",
                     mode,
                     ",".join(kinds),
@@ -122,13 +123,13 @@ def replies(
             assert child.wait(timeout=timeout) == 0, child.stderr_text(3000)
         return out
     finally:
-        _processes.stop_all(children)
+        processes.stop_all(children)
 
 
 def main(argv: list[str]) -> int:
-    from tf_crossdevice import _processes
+    from tf_crossdevice.cluster import processes
 
-    _processes.exit_when_parent_goes()
+    processes.exit_when_parent_goes()
     mode, kind = argv[0], argv[1]
     import tensorflow as tf
 
@@ -168,14 +169,14 @@ def make_strategy(kind: str, timeout: float):
 def construct(kind: str, timeout: float) -> int:
     import tensorflow as tf
 
-    from tf_crossdevice import _processes
+    from tf_crossdevice.cluster import processes
 
-    _processes.reply({"constructing": True})
+    processes.reply({"constructing": True})
     start = time.monotonic()
     try:
         make_strategy(kind, timeout)
     except tf.errors.OpError as e:
-        _processes.reply(
+        processes.reply(
             {
                 "seconds": time.monotonic() - start,
                 "error": type(e).__name__,
@@ -183,7 +184,7 @@ def construct(kind: str, timeout: float) -> int:
             }
         )
         return 3
-    _processes.reply({"seconds": time.monotonic() - start, "error": None})
+    processes.reply({"seconds": time.monotonic() - start, "error": None})
     return 0
 
 
@@ -232,7 +233,7 @@ def train(strategy, kind: str) -> None:
     import keras
     import tensorflow as tf
 
-    from tf_crossdevice import _processes
+    from tf_crossdevice.cluster import processes
 
     ids, x, y = batches_arrays()
     ds = tf.data.Dataset.from_tensor_slices(((ids, x), y)).batch(
@@ -242,7 +243,7 @@ def train(strategy, kind: str) -> None:
         model = build_model()
         model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), loss="mse")
     history = model.fit(ds, epochs=FIT_EPOCHS, verbose=0)
-    _processes.reply(
+    processes.reply(
         {
             "kind": kind,
             "fit": replica_weights(strategy, model),
@@ -280,7 +281,7 @@ def train(strategy, kind: str) -> None:
         float(step(batch))
         for batch in strategy.experimental_distribute_dataset(ds)
     ]
-    _processes.reply(
+    processes.reply(
         {
             "loop": replica_weights(strategy, model),
             "loop_losses": losses,
@@ -329,7 +330,7 @@ def collective_ops(graph) -> list[dict]:
 def trace(strategy, kind: str) -> None:
     import tensorflow as tf
 
-    from tf_crossdevice import _processes
+    from tf_crossdevice.cluster import processes
 
     def value_fn(context):
         # The replica's id among every worker's replicas.
@@ -347,9 +348,9 @@ def trace(strategy, kind: str) -> None:
         return strategy.run(replica_step, args=(values,))
 
     concrete = step.get_concrete_function(values)
-    _processes.reply({"kind": kind, "ops": collective_ops(concrete.graph)})
+    processes.reply({"kind": kind, "ops": collective_ops(concrete.graph)})
     result = step(values)
-    _processes.reply(
+    processes.reply(
         {
             "sums": [
                 [np.ravel(t.numpy()).tolist() for t in values_of_replica]
@@ -365,7 +366,7 @@ def trace(strategy, kind: str) -> None:
 def loop(strategy) -> int:
     import tensorflow as tf
 
-    from tf_crossdevice import _processes
+    from tf_crossdevice.cluster import processes
 
     @tf.function
     def step():
@@ -380,9 +381,9 @@ def loop(strategy) -> int:
         while True:
             step()
             steps += 1
-            _processes.reply({"steps": steps})
+            processes.reply({"steps": steps})
     except tf.errors.OpError as e:
-        _processes.reply(
+        processes.reply(
             {"error": type(e).__name__, "message": e.message[:2000]}
         )
         return 2

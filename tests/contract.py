@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_crossdevice import _tf_internal, testing
+from tf_crossdevice import testing
+from tf_crossdevice._core import tf_internal
 
 SUM = tf.distribute.ReduceOp.SUM
 MEAN = tf.distribute.ReduceOp.MEAN
@@ -59,7 +60,7 @@ def count_batch_reduce_calls(ops) -> list:
 
 
 def canonical(device: str) -> str:
-    return _tf_internal.canonicalize_device(device)
+    return tf_internal.canonicalize_device(device)
 
 
 def device_names(n: int, first: int = 0) -> list[str]:
@@ -107,7 +108,7 @@ def make_value(replicas, dtype, sparse, devices):
         make_component(r, dtype, sparse, d)
         for r, d in zip(replicas, devices, strict=True)
     ]
-    return _tf_internal.PerReplica(tuple(components))
+    return tf_internal.PerReplica(tuple(components))
 
 
 def destinations_of(kind: str, value_devices: list[str]):
@@ -118,7 +119,7 @@ def destinations_of(kind: str, value_devices: list[str]):
     if kind == "same_distributed_values":
 
         def same():
-            return _tf_internal.Mirrored(
+            return tf_internal.Mirrored(
                 tuple(_zeros_on(d) for d in value_devices)
             )
 
@@ -127,7 +128,7 @@ def destinations_of(kind: str, value_devices: list[str]):
         others = device_names(2, first=n)
 
         def other():
-            return _tf_internal.Mirrored(tuple(_zeros_on(d) for d in others))
+            return tf_internal.Mirrored(tuple(_zeros_on(d) for d in others))
 
         return other, others
     if kind == "device_string":
@@ -168,8 +169,8 @@ def per_destination(result) -> list:
     One destination gives the plain tensor (or IndexedSlices), several a
     Mirrored value, as TensorFlow's own CrossDeviceOps return them.
     """
-    if isinstance(result, _tf_internal.DistributedValues):
-        assert isinstance(result, _tf_internal.Mirrored), type(result)
+    if isinstance(result, tf_internal.DistributedValues):
+        assert isinstance(result, tf_internal.Mirrored), type(result)
         assert len(result.values) > 1, (
             "one destination must give the plain value, as TensorFlow's "
             "regroup does, not a one-component Mirrored"
@@ -473,7 +474,7 @@ class CrossDeviceOpsContract:
             for i, d in enumerate(devices):
                 with tf.device(d):
                     variables.append(tf.Variable([float(i + 1)] * 2))
-            return _tf_internal.PerReplica(tuple(variables))
+            return tf_internal.PerReplica(tuple(variables))
 
         if mode == "graph":
             with tf.Graph().as_default() as graph:
@@ -513,7 +514,7 @@ class CrossDeviceOpsContract:
                                 tf.constant(DENSE_SHAPE, index_dtype),
                             )
                         )
-                value = _tf_internal.PerReplica(tuple(components))
+                value = tf_internal.PerReplica(tuple(components))
                 out.append(ops.reduce(SUM, value, None))
                 out.append(ops._gather(value, None, 0))
             return out
@@ -549,8 +550,8 @@ class CrossDeviceOpsContract:
                         )
                     )
             return [
-                ops._gather(_tf_internal.PerReplica(tuple(values)), None, 0),
-                ops._gather(_tf_internal.PerReplica(tuple(sparse)), None, 0),
+                ops._gather(tf_internal.PerReplica(tuple(values)), None, 0),
+                ops._gather(tf_internal.PerReplica(tuple(sparse)), None, 0),
             ]
 
         dense_result, sparse_result = run(mode, build)
@@ -570,7 +571,7 @@ class CrossDeviceOpsContract:
             for i, d in enumerate(devices):
                 with tf.device(d):
                     components.append(x * (i + 1))
-            value = _tf_internal.PerReplica(tuple(components))
+            value = tf_internal.PerReplica(tuple(components))
             fixed = testing.per_replica([tf.ones([3])] * 3, devices)
             summed = ops.batch_reduce(SUM, [(value, None), (fixed, None)])
             return [per_destination(r) for r in summed]
@@ -728,7 +729,7 @@ class CrossDeviceOpsContract:
                     )
                     refs.append(tf.compat.v1.assign_add(variable, [1.0, 1.0]))
             assert refs[0].dtype == tf.float32._as_ref
-            value = _tf_internal.PerReplica(tuple(refs))
+            value = tf_internal.PerReplica(tuple(refs))
             results = [
                 ops.reduce(SUM, value, None),
                 ops.batch_reduce(MEAN, [(value, value)])[0],
@@ -752,7 +753,7 @@ class CrossDeviceOpsContract:
         ops = self.make_ops()
         device = device_names(1, first=2)[0]
         with tf.device(device):
-            value = _tf_internal.PerReplica((tf.constant([3, 4], dtype),))
+            value = tf_internal.PerReplica((tf.constant([3, 4], dtype),))
         reduce_op = REDUCE_OPS[op_name]
         theirs = tf.distribute.ReductionToOneDevice().reduce(
             reduce_op, value, value

@@ -1,6 +1,6 @@
 """Client side of the multi-worker tests, run as its own process.
 
-Started by the tests with `_processes.start_module("tests.multi_worker_client",
+Started by the tests with `processes.start_module("tests.multi_worker_client",
 cwd=<repository root>)`. Takes one job as its first command, connects to the
 cluster it names, runs each case (a CrossDeviceOps config reducing
 `make_inputs` across the workers' devices) and replies once per result. The
@@ -18,7 +18,8 @@ import tensorflow as tf
 
 import tf_crossdevice
 from tests import contract
-from tf_crossdevice import _processes, multi_worker
+from tf_crossdevice.cluster import _in_graph as multi_worker
+from tf_crossdevice.cluster import processes
 
 # (shape, dtype) of each value in the batch: scalars to a few KB, two dtypes.
 BATCH = (
@@ -94,7 +95,7 @@ def run_cases(job):
         placed: list = []
         step = make_step(ops, inputs, replicas, placed, case["reduce_op"])
         out = replicas.run(step, timeout_seconds=120)
-        _processes.reply(
+        processes.reply(
             {
                 "name": case["name"],
                 "devices": placed,
@@ -119,7 +120,7 @@ def run_until_failure(job):
         return [tf.reduce_sum(c) for c in ops.reduce("sum", value).values]
 
     replicas.run(step)  # Traced and warm.
-    _processes.reply({"ready": True})
+    processes.reply({"ready": True})
     start = time.monotonic()
     try:
         while time.monotonic() - start < job["seconds"]:
@@ -132,7 +133,7 @@ def run_until_failure(job):
             "workers": list(getattr(e, "workers", ())),
         }
     result["elapsed"] = time.monotonic() - start
-    _processes.reply(result)
+    processes.reply(result)
     os._exit(0)  # A stuck step's thread must not keep the process alive.
 
 
@@ -174,7 +175,7 @@ def run_legacy_graph(job):
             configure_error = None
         except ValueError as e:
             configure_error = str(e)
-    _processes.reply(
+    processes.reply(
         {
             "calls": len(calls),
             "devices": placed,
@@ -185,9 +186,9 @@ def run_legacy_graph(job):
 
 
 if __name__ == "__main__":
-    _processes.exit_when_parent_goes()
+    processes.exit_when_parent_goes()
     tf.get_logger().setLevel("ERROR")  # Each case traces its own function.
-    job = next(_processes.commands())
+    job = next(processes.commands())
     {
         "cases": run_cases,
         "until_failure": run_until_failure,

@@ -35,7 +35,7 @@ _ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The layer alone, without tf_crossdevice/__init__.py (which imports
 # TensorFlow), so that these children start in a fraction of a second.
 _spec = importlib.util.spec_from_file_location(
-    "_processes", _ROOT / "tf_crossdevice" / "_processes.py"
+    "_processes", _ROOT / "tf_crossdevice" / "cluster" / "processes.py"
 )
 assert _spec is not None and _spec.loader is not None
 _processes = importlib.util.module_from_spec(_spec)

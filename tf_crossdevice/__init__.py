@@ -3,28 +3,37 @@
 Pass the single-worker classes as `cross_device_ops=` to
 `tf.distribute.MirroredStrategy`, and the collective classes to
 `tf_crossdevice.MultiWorkerMirroredStrategy` on every worker.
+
+The folders, from the bottom up: `_core` (checks, device strings, TF
+privates), `compression`, `packing`, `algorithms`, `ops` (the single-process
+classes), `collective` (between-graph classes and the strategy), `cluster`
+(worker processes), `tuning` (measuring, autotune, cost model, selection).
+Each folder's docstring says what it may import; `.importlinter` checks it.
 """
 
-from tf_crossdevice import cost_model
-from tf_crossdevice import testing
-from tf_crossdevice._autotune import autotune
-from tf_crossdevice._collective_ops import CollectiveAllReduce
-from tf_crossdevice._hierarchical_collective_ops import (
+from tf_crossdevice._core.requirements import __version__ as __version__
+from tf_crossdevice._core.requirements import require_tensorflow
+
+require_tensorflow()
+
+from tf_crossdevice import testing  # noqa: E402
+from tf_crossdevice.collective import CollectiveAllReduce  # noqa: E402
+from tf_crossdevice.collective import CollectiveCluster  # noqa: E402
+from tf_crossdevice.collective import (  # noqa: E402
     HierarchicalCollectiveAllReduce,
 )
-from tf_crossdevice._ops import AllReduceCrossDeviceOps
-from tf_crossdevice._ops import HierarchicalCopyAllReduce
-from tf_crossdevice._ops import NcclAllReduce
-from tf_crossdevice._multi_worker_ops import MultiWorkerAllReduce
-from tf_crossdevice._ops import ReductionToOneDevice
-from tf_crossdevice._selection import select_cross_device_ops
-from tf_crossdevice._spec_ops import SpecAllReduce
-from tf_crossdevice.collective_runtime import (
-    CollectiveCluster,
-    enable_collectives,
-    wait_for_peers,
-)
-from tf_crossdevice.strategy import MultiWorkerMirroredStrategy
+from tf_crossdevice.collective import MultiWorkerMirroredStrategy  # noqa: E402
+from tf_crossdevice.collective import enable_collectives  # noqa: E402
+from tf_crossdevice.collective import wait_for_peers  # noqa: E402
+from tf_crossdevice.ops import AllReduceCrossDeviceOps  # noqa: E402
+from tf_crossdevice.ops import HierarchicalCopyAllReduce  # noqa: E402
+from tf_crossdevice.ops import MultiWorkerAllReduce  # noqa: E402
+from tf_crossdevice.ops import NcclAllReduce  # noqa: E402
+from tf_crossdevice.ops import ReductionToOneDevice  # noqa: E402
+from tf_crossdevice.ops import SpecAllReduce  # noqa: E402
+from tf_crossdevice.tuning import autotune  # noqa: E402
+from tf_crossdevice.tuning import cost_model  # noqa: E402
+from tf_crossdevice.tuning import select_cross_device_ops  # noqa: E402
 
 __all__ = [
     "AllReduceCrossDeviceOps",
@@ -44,5 +53,3 @@ __all__ = [
     "testing",
     "wait_for_peers",
 ]
-
-__version__ = "0.1.0"

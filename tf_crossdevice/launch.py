@@ -7,7 +7,7 @@ line a worker prints is echoed with a "[worker i] " prefix. When a worker
 fails, the others get `grace_seconds` to fail too (their collectives time
 out or see the peer gone) and are then stopped; every worker is stopped on
 leaving, also on Ctrl-C or an exception. Processes are started, watched and
-stopped by `tf_crossdevice._processes`, the package's one process layer.
+stopped by `tf_crossdevice.cluster.processes`, the package's one process layer.
 
 On several machines, give each worker the same cluster in `TF_CONFIG` with
 its own task index instead; nothing else changes.
@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 
 from absl import app, flags
 
-from tf_crossdevice import _checks, _processes
+from tf_crossdevice._core import checks
+from tf_crossdevice.cluster import processes as _processes
 
 _POLL_SECONDS = 0.05
 
@@ -41,7 +42,7 @@ def tf_config_envs(
     >>> json.loads(envs[1]["TF_CONFIG"])["task"]
     {'type': 'worker', 'index': 1}
     """
-    _checks.positive_int(num_workers, "num_workers")
+    checks.positive_int(num_workers, "num_workers")
     ports = _processes.free_ports(num_workers)
     cluster = {"worker": [f"{host}:{p}" for p in ports]}
     return [
@@ -78,10 +79,10 @@ def run_local_job(
     Returns:
         Each worker's exit status, in task order.
     """
-    argv = _checks.string_list(argv, "argv", "command-line word")
-    _checks.positive_int(num_workers, "num_workers")
+    argv = checks.string_list(argv, "argv", "command-line word")
+    checks.positive_int(num_workers, "num_workers")
     if timeout_seconds is not None:
-        _checks.positive_number(timeout_seconds, "timeout_seconds")
+        checks.positive_number(timeout_seconds, "timeout_seconds")
     start = time.monotonic()
     children = []
     try:

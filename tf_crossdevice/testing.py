@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice import _checks, _tf_internal
+from tf_crossdevice._core import checks, tf_internal
 
 
 def request_cpu_devices(n: int) -> None:
@@ -36,7 +36,7 @@ def request_cpu_devices(n: int) -> None:
         RuntimeError: TensorFlow has already initialised with fewer than `n`
             logical CPU devices.
     """
-    _checks.positive_int(n, "n")
+    checks.positive_int(n, "n")
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
@@ -70,7 +70,7 @@ def cpu_devices(n: int) -> list[str]:
             f"{len(have)}; call request_cpu_devices({n}) before TensorFlow "
             "initialises"
         )
-    return [_tf_internal.canonicalize_device(d) for d in have[:n]]
+    return [tf_internal.canonicalize_device(d) for d in have[:n]]
 
 
 def per_replica(
@@ -109,4 +109,4 @@ def per_replica(
                 )
             else:
                 placed.append(tf.identity(value))
-    return _tf_internal.PerReplica(tuple(placed))
+    return tf_internal.PerReplica(tuple(placed))

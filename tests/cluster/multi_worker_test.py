@@ -1,0 +1,301 @@
+"""MultiWorkerAllReduce across real worker processes on 127.0.0.1.
+
+Workers are tf.distribute.Server processes (tf_crossdevice.cluster); the
+client that connects to them runs in its own process
+(tests/multi_worker_client.py, started through tf_crossdevice.cluster.processes)
+because connecting changes process-wide TensorFlow state. Every cluster and
+client is stopped when its test (module) ends, also on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_crossdevice
+from tests import multi_worker_client
+from tf_crossdevice.cluster import _local as cluster
+from tf_crossdevice.cluster import processes as _processes
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Specs that run on CPU workers, in both forms of the spec grammar.
+SPECS = {
+    "xring": "xring",
+    "rechd": "rechd",
+    "pscpu": "pscpu",
+    "pscpu_pscpu": "pscpu/pscpu",
+    "ranges": [["pscpu/pscpu", 2, 100], ["xring", 2, -1]],
+    "string_grammar": "pscpu:1k:rechd#2",
+    "psgpu_on_cpus": "psgpu#2",
+    "default": ["pscpu/pscpu", 2, -1],
+}
+PACKING = {
+    "packs_0": {"num_packs": 0},
+    "packs_1": {"num_packs": 1},
+    "small_tensor_aggregation": {"num_packs": 0, "agg": [256, 3]},
+}
+
+
+def cases_for(replicas_per_worker):
+    cases = []
+    for spec_name, spec in SPECS.items():
+        packings = PACKING if spec_name != "default" else {"packs_0": {}}
+        for packing_name, packing in packings.items():
+            cases.append(
+                {
+                    "name": f"{spec_name}-{packing_name}-{replicas_per_worker}",
+                    "spec": spec,
+                    "replicas_per_worker": replicas_per_worker,
+                    "reduce_op": "sum",
+                    "seed": len(cases),
+                    **packing,
+                }
+            )
+    cases.append(
+        {
+            "name": f"mean-{replicas_per_worker}",
+            "spec": "pscpu/pscpu#2",
+            "replicas_per_worker": replicas_per_worker,
+            "reduce_op": "mean",
+            "seed": 99,
+        }
+    )
+    cases.append(
+        {
+            "name": f"nccl_on_cpus-{replicas_per_worker}",
+            "spec": "nccl/xring",
+            "replicas_per_worker": replicas_per_worker,
+            "reduce_op": "sum",
+            "seed": 7,
+        }
+    )
+    return cases
+
+
+def start_client(job):
+    """The client process, given `job` as its command."""
+    client = _processes.start_module(
+        "tests.multi_worker_client", name=f"client ({job['mode']})", cwd=ROOT
+    )
+    client.send(job)
+    return client
+
+
+def run_client(job, replies, timeout=600):
+    """Runs `job` in a client; returns its `replies` answers and stderr."""
+    deadline = time.monotonic() + timeout
+    with start_client(job) as client:
+        lines = [
+            client.receive(timeout=deadline - time.monotonic())
+            for _ in range(replies)
+        ]
+        assert client.wait(timeout=60) == 0, client.stderr_text(3000)
+        return lines, client.stderr_text()
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2_workers", "3_workers"])
+def workers(request):
+    """A cluster of 2 or 3 workers with 2 CPUs each, for the whole module."""
+    with cluster.start_local_cluster(request.param, cpus_per_worker=2) as c:
+        yield request.param, c
+
+
+@pytest.fixture(scope="module")
+def results(workers):
+    """Runs every case on the cluster from one client process."""
+    num_workers, c = workers
+    job = {
+        "mode": "cases",
+        "cluster": c.cluster_spec.as_dict(),
+        "cases": cases_for(1) + cases_for(2),
+    }
+    lines, stderr = run_client(job, replies=len(job["cases"]))
+    return (
+        num_workers,
+        job["cases"],
+        {line["name"]: line for line in lines},
+        stderr,
+    )
+
+
+def test_every_case_equals_numpy_on_every_replica(results):
+    num_workers, cases, by_name, _ = results
+    assert len(by_name) == len(cases)
+    for case in cases:
+        got = by_name[case["name"]]
+        per_worker = case["replicas_per_worker"]
+        num_replicas = num_workers * per_worker
+        inputs = multi_worker_client.make_inputs(case["seed"], num_replicas)
+        want_devices = [
+            f"/job:worker/replica:0/task:{t}/device:CPU:{i}"
+            for t in range(num_workers)
+            for i in range(per_worker)
+        ]
+        for k, arrays in enumerate(inputs):
+            want = np.sum(np.asarray(arrays, np.float64), axis=0)
+            if case["reduce_op"] == "mean":
+                want = want / num_replicas  # Every replica of every worker.
+            assert got["devices"][k] == want_devices, case["name"]
+            assert len(got["results"][k]) == num_replicas
+            for replica_result in got["results"][k]:
+                np.testing.assert_allclose(
+                    np.asarray(replica_result, np.float64),
+                    want,
+                    rtol=1e-6,
+                    err_msg=f"{case['name']} value {k}",
+                )
+
+
+def test_integer_sums_stay_integers(results):
+    _, cases, by_name, _ = results
+    for case in cases:
+        dtypes = by_name[case["name"]]["dtypes"][-1]
+        want = "float64" if case["reduce_op"] == "mean" else "int64"
+        assert set(dtypes) == {want}, case["name"]
+
+
+def test_nccl_stage_on_cpu_workers_says_what_it_used(results):
+    _, _, _, stderr = results
+    assert "NCCL all-reduce cannot run here" in stderr
+    assert "devices are not all GPUs" in stderr
+
+
+@contextlib.contextmanager
+def failing_client(c, **job):
+    """A client repeating a reduction on `c`, ready (traced and warm)."""
+    job = {"mode": "until_failure", "cluster": c.cluster_spec.as_dict(), **job}
+    with start_client(job) as client:
+        assert client.receive(timeout=300) == {"ready": True}
+        yield client
+
+
+def test_killed_worker_fails_the_step_naming_it():
+    with (
+        cluster.start_local_cluster(3) as c,
+        failing_client(c, elements=5_000_000, seconds=60) as client,
+    ):
+        time.sleep(0.5)  # Mid-way through a stream of reductions.
+        c.kill_worker(1)
+        killed = time.monotonic()
+        result = client.receive(timeout=60)
+        reported = time.monotonic() - killed
+    assert result["error"] == "WorkerUnreachableError", result
+    assert "/job:worker/replica:0/task:1" in result["message"]
+    assert c.addresses[1] in result["message"]
+    assert result["workers"] == ["/job:worker/replica:0/task:1"]
+    assert reported < 15, reported  # Measured 0.4 s; generous for CI.
+
+
+def test_hung_worker_is_bounded_by_timeout_seconds():
+    with (
+        cluster.start_local_cluster(2) as c,
+        failing_client(
+            c, elements=100_000, seconds=60, timeout_seconds=3
+        ) as client,
+    ):
+        os.kill(c.processes[1].pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            result = client.receive(timeout=60)
+            reported = time.monotonic() - stopped
+        finally:
+            os.kill(c.processes[1].pid, signal.SIGCONT)
+    assert result["error"] == "DeadlineExceededError", result
+    assert "timeout_seconds" in result["message"]
+    assert c.addresses[1] in result["message"]
+    assert reported < 20, reported
+
+
+@pytest.mark.parametrize("reduce_op", ["sum", "mean"])
+def test_legacy_graph_mode_mirrored_strategy_over_workers(workers, reduce_op):
+    """TF 1 code: in-graph MirroredStrategy on the workers' devices, Session.
+
+    TF 2.21 takes an explicit list of remote devices as one in-graph
+    strategy and calls our ops; only TF 1's configure(cluster_spec=...)
+    route is refused by TensorFlow itself (pinned here, documented).
+    """
+    num_workers, c = workers
+    lines, _ = run_client(
+        {
+            "mode": "legacy_graph",
+            "cluster": c.cluster_spec.as_dict(),
+            "replicas_per_worker": 2,
+            "spec": "pscpu/pscpu#2",
+            "reduce_op": reduce_op,
+        },
+        replies=1,
+    )
+    got = lines[-1]
+    n = 2 * num_workers
+    total = n * (n + 1) / 2
+    want = total / n if reduce_op == "mean" else total
+    assert got["calls"] == 1
+    assert [d.split("/device:")[0] for d in got["devices"]] == [
+        f"/job:worker/replica:0/task:{t}"
+        for t in range(num_workers)
+        for _ in (0, 1)
+    ]
+    for value in got["values"]:
+        np.testing.assert_allclose(value, [want] * 4)
+    assert "In-graph multi-worker training" in got["configure_error"]
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        (([], 0), ValueError, "worker_devices: expected at least one"),
+        (
+            ("/job:worker/task:0", 0),
+            TypeError,
+            "worker_devices: expected a list",
+        ),
+        ((["/job:worker/task:0"] * 2, 0), ValueError, "listed twice"),
+        (
+            (["/job:worker/task:0", ""], 0),
+            ValueError,
+            r"^worker_devices\[1\]: the device string is empty",
+        ),
+        (
+            (["/job:worker/task:0", "/job:worker/task:x"], 0),
+            ValueError,
+            r"^worker_devices\[1\]: bad task index in 'task:x'",
+        ),
+        ((["/job:worker/task:0"], -1), ValueError, "num_gpus_per_worker"),
+        ((["/job:worker/task:0"], 1.0), TypeError, "num_gpus_per_worker"),
+        ((["/job:worker/task:0"], 0, "xrng"), ValueError, "all_reduce_spec"),
+    ],
+)
+def test_bad_constructor_arguments(args, error, message):
+    with pytest.raises(error, match=message):
+        tf_crossdevice.MultiWorkerAllReduce(*args)
+
+
+def test_values_off_the_listed_workers_are_refused():
+    ops = tf_crossdevice.MultiWorkerAllReduce(["/job:worker/task:0"], 0)
+    value = tf_crossdevice.testing.per_replica([tf.ones([2])] * 2)
+    with pytest.raises(ValueError, match="not on a worker in worker_devices"):
+        ops.reduce("sum", value)
+
+
+def test_sparse_values_and_destinations_are_checked_too():
+    ops = tf_crossdevice.MultiWorkerAllReduce(
+        ["/job:localhost/replica:0/task:0"], 0
+    )
+    value = tf_crossdevice.testing.per_replica(
+        [tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), [3, 2])] * 2
+    )
+    remote = tf_crossdevice.MultiWorkerAllReduce(["/job:worker/task:0"], 0)
+    with pytest.raises(ValueError, match="not on a worker in worker_devices"):
+        remote.reduce("sum", value)
+    dense = tf_crossdevice.testing.per_replica([tf.ones([2])] * 2)
+    with pytest.raises(ValueError, match="task:3.* is not on a worker"):
+        ops.reduce("sum", dense, "/job:worker/replica:0/task:3/device:CPU:0")

@@ -1,0 +1,340 @@
+"""examples/train.py's flag checks (absl flagsaver) and its data, in-process.
+
+Every validation message names its flag; each test sets flags as a user
+would and expects absl's IllegalFlagValueError with that message (the job
+then exits with status 1; examples_test.py runs one such command).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl import flags
+from absl.testing import flagsaver
+
+sys.path.insert(
+    0,
+    os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"),
+)
+import train_data  # noqa: E402
+import train_flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def job_flags():
+    """The job's flags on absl's FLAGS for this module, removed after."""
+    before = set(FLAGS)
+    train_flags.define_flags(FLAGS)
+    was_parsed = FLAGS.is_parsed()
+    if not was_parsed:
+        FLAGS.mark_as_parsed()
+    yield
+    for name in set(FLAGS) - before:
+        delattr(FLAGS, name)
+    if not was_parsed:
+        FLAGS.unparse_flags()
+
+
+@pytest.fixture(autouse=True)
+def no_tf_config(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
+def rejected(message: str, **overrides) -> None:
+    with (
+        pytest.raises(flags.IllegalFlagValueError, match=message),
+        flagsaver.flagsaver(**overrides),
+    ):
+        pass
+
+
+def test_the_defaults_are_the_main_job():
+    assert FLAGS.mode == "collective"
+    assert train_flags.class_of(FLAGS.flag_values_dict()) == (
+        "HierarchicalCollectiveAllReduce"
+    )
+    assert train_flags.num_replicas(FLAGS.flag_values_dict())[0] == 4
+    with flagsaver.flagsaver(mode="in_graph", loop="custom"):
+        assert train_flags.class_of(FLAGS.flag_values_dict()) == (
+            "MultiWorkerAllReduce"
+        )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"mode": "mirrored", "cross_device_ops": "CollectiveAllReduce"},
+            r"--cross_device_ops: 'CollectiveAllReduce' is not a class of "
+            r"--mode=mirrored; expected one of auto, ReductionToOneDevice",
+        ),
+        (
+            {"cross_device_ops": "Ring"},
+            r"--cross_device_ops: 'Ring' is not a class of --mode=collective",
+        ),
+        (
+            {"mode": "in_graph", "loop": "fit"},
+            r"--loop: --mode=in_graph trains with a custom loop",
+        ),
+        (
+            {"mode": "mirrored", "job_name": "worker"},
+            r"--job_name: 'worker' has no role in --mode=mirrored",
+        ),
+        (
+            {"job_name": "controller"},
+            r"--job_name: 'controller' has no role in --mode=collective; "
+            r"expected one of worker, chief",
+        ),
+        (
+            {
+                "job_name": "worker",
+                "worker_hosts": ["a:1"],
+                "cluster_spec": '{"worker": ["a:1"]}',
+            },
+            r"--worker_hosts: give the cluster once",
+        ),
+        (
+            {"job_name": "worker", "cluster_spec": "{worker"},
+            r"--cluster_spec: not JSON",
+        ),
+        (
+            {"job_name": "worker", "cluster_spec": '["a:1"]'},
+            r"--cluster_spec: expected a JSON object",
+        ),
+        (
+            {"worker_hosts": ["a:1", "b:1"]},
+            r"--worker_hosts: a cluster of hosts needs --job_name",
+        ),
+        (
+            {"mode": "mirrored", "cluster_spec": '{"worker": ["a:1"]}'},
+            r"--cluster_spec: a cluster of hosts needs --job_name",
+        ),
+        (
+            {"job_name": "worker", "task_index": 0},
+            r"--job_name: a worker needs the cluster: --worker_hosts",
+        ),
+        (
+            {"job_name": "worker", "worker_hosts": ["a:1", "b:1"]},
+            r"--task_index: a worker needs its index",
+        ),
+        (
+            {
+                "job_name": "worker",
+                "task_index": 2,
+                "worker_hosts": ["a:1", "b:1"],
+            },
+            r"--task_index: 2 is not a task of job 'worker', which has 2 "
+            r"task\(s\) in --worker_hosts",
+        ),
+        (
+            {
+                "job_name": "chief",
+                "task_index": 0,
+                "cluster_spec": '{"worker": ["a:1", "b:1"]}',
+            },
+            r"--task_index: 0 is not a task of job 'chief', which has 0",
+        ),
+        (
+            {"mode": "in_graph", "job_name": "controller"},
+            r"--job_name: the controller needs the workers",
+        ),
+        (
+            {
+                "mode": "mirrored",
+                "cross_device_ops": "ReductionToOneDevice",
+                "all_reduce_spec": "xring",
+            },
+            r"--all_reduce_spec: --cross_device_ops=ReductionToOneDevice "
+            r"takes no spec",
+        ),
+        (
+            {
+                "mode": "mirrored",
+                "cross_device_ops": "SpecAllReduce",
+                "all_reduce_spec": "xrign",
+            },
+            r"--all_reduce_spec: all_reduce_spec 'xrign': unknown algorithm",
+        ),
+        (
+            {
+                "mode": "mirrored",
+                "cross_device_ops": "AllReduceCrossDeviceOps",
+                "all_reduce_spec": "pscpu:32k:xring",
+            },
+            r"--all_reduce_spec: AllReduceCrossDeviceOps takes one algorithm",
+        ),
+        (
+            {
+                "mode": "in_graph",
+                "loop": "custom",
+                "all_reduce_spec": "nccl/xring",
+            },
+            r"--all_reduce_spec: 'nccl/xring' runs NCCL, which needs GPUs",
+        ),
+        (
+            {"mode": "mirrored", "cross_device_ops": "NcclAllReduce"},
+            r"--cross_device_ops: NcclAllReduce needs GPUs",
+        ),
+        (
+            {
+                "mode": "mirrored",
+                "cross_device_ops": "HierarchicalCopyAllReduce",
+                "compression": "bf16",
+            },
+            r"--compression: --cross_device_ops=HierarchicalCopyAllReduce "
+            r"does not compress",
+        ),
+        (
+            {"batch_size": 30},
+            r"--batch_size: 30 does not split over 4 replicas \(2 workers x "
+            r"2 devices_per_worker\); use a multiple of 4",
+        ),
+        (
+            {
+                "batch_size": 32,
+                "job_name": "worker",
+                "task_index": 0,
+                "worker_hosts": ["a:1", "b:1", "c:1"],
+            },
+            r"--batch_size: 32 does not split over 6 replicas \(3 workers",
+        ),
+        (
+            {"mode": "mirrored", "devices_per_worker": 3},
+            r"--batch_size: 64 does not split over 3 replicas \(3 "
+            r"devices_per_worker\)",
+        ),
+        (
+            {"steps": 50, "log_every": 20},
+            r"--steps: with --loop=fit, 50 must be a multiple of "
+            r"--log_every=20",
+        ),
+    ],
+    ids=lambda x: (
+        "-".join(f"{k}={v}" for k, v in x.items())[:60]
+        if isinstance(x, dict)
+        else None
+    ),
+)
+def test_validation_names_the_flag(overrides, message):
+    if "GPUs" in message and tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has GPUs: NCCL is allowed")
+    rejected(message, **overrides)
+
+
+def test_task_index_is_checked_against_tf_config(monkeypatch):
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {"worker": ["a:1", "b:1"]},
+                "task": {"type": "worker", "index": 3},
+            }
+        ),
+    )
+    rejected(
+        r"--task_index: 3 is not a task of job 'worker', which has 2 "
+        r"task\(s\) in TF_CONFIG",
+        job_name="worker",
+    )
+
+
+@pytest.mark.parametrize(
+    "name, value, allowed",
+    [
+        ("compression", "int8", r"--compression=int8: .*<none\|bf16\|fp16>"),
+        ("mode", "ps", r"--mode=ps: .*<mirrored\|collective\|in_graph>"),
+        (
+            "implementation",
+            "MPI",
+            r"--implementation=MPI: .*<AUTO\|RING\|NCCL>",
+        ),
+    ],
+)
+def test_enum_flags_list_their_values(name, value, allowed):
+    with pytest.raises(flags.IllegalFlagValueError, match=allowed):
+        FLAGS[name].parse(value)
+
+
+def test_good_combinations_pass():
+    for overrides in [
+        {"mode": "mirrored", "cross_device_ops": "SpecAllReduce",
+         "all_reduce_spec": "pscpu:32k:xring#2", "compression": "fp16"},
+        {"mode": "in_graph", "loop": "custom", "job_name": "controller",
+         "worker_hosts": ["a:1", "b:1"], "all_reduce_spec": "pscpu/pscpu#2"},
+        {"job_name": "chief", "task_index": 0,
+         "cluster_spec": '{"chief": ["a:1"], "worker": ["b:1"]}'},
+        {"cross_device_ops": "CollectiveAllReduce", "compression": "bf16"},
+    ]:  # fmt: skip
+        with flagsaver.flagsaver(**overrides):
+            train_flags.check_flags(FLAGS.flag_values_dict())
+
+
+def test_batch_indices_cover_each_epoch_once():
+    rows = train_data.batch_indices(10, 4, seed=3, start=0, stop=5)
+    stream = rows.ravel()
+    assert sorted(stream[:10]) == list(range(10))
+    assert sorted(stream[10:20]) == list(range(10))
+    # A later start gives the same batches: a restart sees the same data.
+    later = train_data.batch_indices(10, 4, seed=3, start=3, stop=5)
+    np.testing.assert_array_equal(later, rows[3:5])
+
+
+def test_synthetic_labels_come_from_the_teacher_and_use_every_class():
+    data = train_data.synthetic(8, 4, num_train=64, seed=0)
+    counts = np.bincount(data.eval_labels, minlength=4)
+    assert data.eval_images.shape == (1024, 8, 8, 3)
+    assert counts.min() > 1024 / 4 / 3, counts
+    x, y = data.example(tf.constant(5, tf.int64))
+    x2, y2 = data.example(tf.constant(5, tf.int64))
+    np.testing.assert_array_equal(x.numpy(), x2.numpy())
+    assert int(y) == int(y2)
+
+
+def test_tfrecords_and_image_folders_read_the_same_images(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(16, 4, 4, 3)).astype(np.uint8)
+    labels = np.arange(16) % 2
+    folder = tmp_path / "folder"
+    records = tmp_path / "records"
+    records.mkdir()
+    with tf.io.TFRecordWriter(str(records / "train.tfrecord")) as writer:
+        for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+            png = tf.io.encode_png(image).numpy()
+            (folder / f"c{label}").mkdir(parents=True, exist_ok=True)
+            (folder / f"c{label}" / f"{i:02d}.png").write_bytes(png)
+            example = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "image": tf.train.Feature(
+                            bytes_list=tf.train.BytesList(value=[png])
+                        ),
+                        "label": tf.train.Feature(
+                            int64_list=tf.train.Int64List(value=[label])
+                        ),
+                    }
+                )
+            )
+            writer.write(example.SerializeToString())
+    for source in (folder, records):
+        data = train_data.from_directory(str(source), 4, seed=0)
+        assert data.num_classes == 2 and data.num_train == 14
+        seen = {}
+        for i in range(data.num_train):
+            x, y = data.example(tf.constant(i, tf.int64))
+            seen[np.asarray(x).tobytes()] = int(y)
+        expected = {
+            (
+                images[i].astype(np.float32) / np.float32(127.5)
+                - np.float32(1.0)
+            ).tobytes(): labels[i]
+            for i in range(16)
+        }
+        for key, label in seen.items():
+            assert expected[key] == label

@@ -1,0 +1,81 @@
+"""The package's version, and the TensorFlow it needs, checked on import.
+
+The package never installs TensorFlow itself unless asked through an extra
+(`tf_crossdevice[cpu]`, `[gpu]`, `[tensorflow]`), so that it works with
+whichever TensorFlow 2.21 wheel the user already has. This module says
+what to install when none, or another version, is found.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+__version__ = "0.1.0"
+
+SUPPORTED_TENSORFLOW = "2.21"
+_INSTALL = (
+    "install one TensorFlow 2.21 wheel, e.g. "
+    "`pip install 'tf_crossdevice[cpu]'` (tensorflow-cpu), "
+    "`pip install 'tf_crossdevice[gpu]'` (tensorflow[and-cuda]) or "
+    "`pip install 'tf_crossdevice[tensorflow]'`"
+)
+
+
+def check_tensorflow_version(version: str) -> None:
+    """Raises ImportError unless `version` is a TensorFlow 2.21 release.
+
+    >>> check_tensorflow_version("2.21.0")
+    >>> check_tensorflow_version("2.16.1")
+    Traceback (most recent call last):
+    ...
+    ImportError: tf_crossdevice 0.1.0 needs TensorFlow 2.21, found 2.16.1; ...
+    """
+    if version.split(".")[:2] != SUPPORTED_TENSORFLOW.split("."):
+        raise ImportError(
+            f"tf_crossdevice {__version__} needs TensorFlow "
+            f"{SUPPORTED_TENSORFLOW}, found {version}; {_INSTALL}"
+        )
+
+
+def require_tensorflow() -> None:
+    """Raises ImportError naming what to install when TensorFlow is missing
+    or is not 2.21.
+
+    The version is read from the installed distribution when there is one
+    (so a missing TensorFlow is told apart from a broken one) and from
+    `tf.__version__` otherwise.
+    """
+    try:
+        import tensorflow as tf
+    except ImportError as error:
+        if isinstance(error, ModuleNotFoundError) and error.name in (
+            "tensorflow",
+            None,
+        ):
+            raise ImportError(
+                f"tf_crossdevice needs TensorFlow, which is not installed; "
+                f"{_INSTALL}"
+            ) from error
+        raise
+    check_tensorflow_version(tf.__version__)
+
+
+def installed_tensorflow_wheels() -> list[str]:
+    """The TensorFlow distributions installed, e.g. ['tensorflow-cpu'].
+
+    More than one means two TensorFlow wheels share one `tensorflow` module
+    and the last one installed wins.
+    """
+    names = set()
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name in (
+            "tensorflow",
+            "tensorflow-cpu",
+            "tensorflow-gpu",
+            "tf-nightly",
+            "tf-nightly-cpu",
+            "intel-tensorflow",
+        ):
+            names.add(name)
+    return sorted(names)

@@ -1,0 +1,24 @@
+"""The all-reduce algorithms, one module each, with their pure schedules.
+
+Every algorithm is a builder with one call shape (`_protocol`), registered
+by name in `_registry`; two-level algorithms (`inner/outer`) are composed
+from the registry. A builder's schedule (who sends which chunk to whom) is
+pure Python beside it (`_ring_schedule.py` beside `_ring.py`), so it can be
+tested without TensorFlow. `_spec` parses TF 1's `all_reduce_spec` grammar.
+
+May import: `_core`, `compression`.
+"""
+
+from tf_crossdevice.algorithms._registry import algorithm_names
+from tf_crossdevice.algorithms._spec import (
+    AllReduceSpecTuple,
+    format_all_reduce_spec,
+    parse_all_reduce_spec,
+)
+
+__all__ = [
+    "AllReduceSpecTuple",
+    "algorithm_names",
+    "format_all_reduce_spec",
+    "parse_all_reduce_spec",
+]

@@ -1,0 +1,25 @@
+"""TensorFlow worker processes on this machine, and clients that drive them.
+
+`processes` starts, watches and stops every child process of the package
+(workers, local jobs, the benchmark's sides, test clients); `_local` starts
+gRPC worker servers (`start_local_cluster`); `_in_graph` drives replicas
+on remote workers from one client (`WorkerReplicas`). The launcher's
+command line is `tf_crossdevice.launch`.
+
+May import: `_core`.
+"""
+
+from tf_crossdevice.cluster import processes
+from tf_crossdevice.cluster._in_graph import (
+    WorkerReplicas,
+    WorkerUnreachableError,
+)
+from tf_crossdevice.cluster._local import LocalCluster, start_local_cluster
+
+__all__ = [
+    "LocalCluster",
+    "WorkerReplicas",
+    "WorkerUnreachableError",
+    "processes",
+    "start_local_cluster",
+]

@@ -1,0 +1,29 @@
+"""Between-graph reductions on TensorFlow's collective ops, and our strategy.
+
+`_runtime` turns collectives on between processes; `_group` is one
+collective group and the ops its members launch; `_base` what the two
+classes share; `_all_reduce` CollectiveAllReduce; `_hierarchical`
+HierarchicalCollectiveAllReduce; `_strategy` MultiWorkerMirroredStrategy.
+
+May import: `_core`, `compression`, `packing`, `algorithms`, `ops`.
+"""
+
+from tf_crossdevice.collective._all_reduce import CollectiveAllReduce
+from tf_crossdevice.collective._hierarchical import (
+    HierarchicalCollectiveAllReduce,
+)
+from tf_crossdevice.collective._runtime import (
+    CollectiveCluster,
+    enable_collectives,
+    wait_for_peers,
+)
+from tf_crossdevice.collective._strategy import MultiWorkerMirroredStrategy
+
+__all__ = [
+    "CollectiveAllReduce",
+    "CollectiveCluster",
+    "HierarchicalCollectiveAllReduce",
+    "MultiWorkerMirroredStrategy",
+    "enable_collectives",
+    "wait_for_peers",
+]

@@ -1,0 +1,264 @@
+"""MultiWorkerMirroredStrategy: TensorFlow's, with our collectives inside.
+
+Every worker process runs the same program with its own `TF_CONFIG` (or
+cluster resolver) and builds
+
+    strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+        cross_device_ops=tf_crossdevice.HierarchicalCollectiveAllReduce(),
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=300),
+        local_devices=["/cpu:0", "/cpu:1"])
+
+It is a `tf.distribute.MultiWorkerMirroredStrategy` (Keras and `isinstance`
+checks see one): `num_replicas_in_sync` counts every replica of every
+worker, datasets are sharded between workers, `model.fit` and
+`strategy.run` train as TensorFlow's strategy does. The differences:
+
+- our collective classes do the reductions, and any number of local
+  devices per worker take part (logical CPUs too; TensorFlow's uses one CPU
+  per worker);
+- construction never blocks for good: it enables collectives itself
+  (`tf_crossdevice.enable_collectives`, without TensorFlow's coordination
+  service) and waits for the other workers with
+  `tf_crossdevice.wait_for_peers`, at most `timeout_seconds`, raising a
+  `tf.errors.DeadlineExceededError` that names the workers that did not
+  come (TensorFlow's blocks in its constructor and ignores SIGTERM);
+- variables' initial values are broadcast from the chief with the same
+  timeout;
+- `strategy.reduce` takes `options=` (TF 2.2's CollectiveHints call), and
+  reduces nested structures, as Keras 3 calls it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_crossdevice._core import checks as _checks
+from tf_crossdevice._core import devices as devices_lib
+from tf_crossdevice._core import tf_internal
+from tf_crossdevice.collective import _runtime as collective_runtime
+from tf_crossdevice.collective._all_reduce import CollectiveAllReduce
+from tf_crossdevice.collective._base import CollectiveOpsBase
+from tf_crossdevice.collective._group import Group, Options
+from tf_crossdevice.ops import _base
+
+_Strategy, _TFExtended = tf_internal.multi_worker_strategy_parts()
+
+
+class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """Between-graph synchronous training with tf_crossdevice's collectives.
+
+    Without `TF_CONFIG` (or a cluster) one process trains alone:
+
+    >>> strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+    ...     local_devices=["/cpu:0", "/cpu:1"])
+    >>> strategy.num_replicas_in_sync
+    2
+    >>> @tf.function
+    ... def step():
+    ...     ctx = tf.distribute.get_replica_context()
+    ...     return ctx.all_reduce("sum", ctx.replica_id_in_sync_group + 1)
+    >>> sums = strategy.experimental_local_results(strategy.run(step))
+    >>> [int(v) for v in sums]
+    [3, 3]
+
+    Args:
+        cross_device_ops: `tf_crossdevice.CollectiveAllReduce` (default) or
+            `tf_crossdevice.HierarchicalCollectiveAllReduce`. The strategy
+            uses a copy that knows the workers and the local devices.
+        cluster_resolver: the cluster and this task's place in it; None reads
+            `TF_CONFIG`. Without a cluster, one process trains alone.
+        communication_options: default
+            `tf.distribute.experimental.CommunicationOptions` for every
+            collective (the collective object's own options and a call's
+            override them). Its `timeout_seconds` also bounds the wait for
+            the other workers during construction.
+        local_devices: this worker's devices, e.g. ["/cpu:0", "/cpu:1"] or
+            ["/gpu:0", "/gpu:1"] (the job and task are this worker's).
+            Default: every GPU, or `num_gpus_per_worker` of them for a
+            CollectiveAllReduce that sets it; the CPU without GPUs.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a device that does not exist, a cluster without this
+            task.
+        tf.errors.DeadlineExceededError: a worker did not start within
+            `timeout_seconds`.
+    """
+
+    def __init__(
+        self,
+        cross_device_ops: Any = None,
+        cluster_resolver: Any = None,
+        communication_options: Any = None,
+        local_devices: Sequence[str] | None = None,
+    ) -> None:
+        start = time.monotonic()
+        options = _base.check_options(
+            communication_options, "communication_options"
+        )
+        if cross_device_ops is None:
+            cross_device_ops = CollectiveAllReduce()
+        if not isinstance(cross_device_ops, CollectiveOpsBase):
+            raise TypeError(
+                "cross_device_ops: expected tf_crossdevice.CollectiveAllReduce "
+                "or tf_crossdevice.HierarchicalCollectiveAllReduce, got "
+                f"{type(cross_device_ops).__name__}; single-worker classes go "
+                "to tf.distribute.MirroredStrategy(cross_device_ops=...)"
+            )
+        if cluster_resolver is None:
+            cluster_resolver = (
+                tf.distribute.cluster_resolver.TFConfigClusterResolver()
+            )
+        cluster = collective_runtime.enable_collectives(cluster_resolver)
+        timeout = options.merge(cross_device_ops._options).timeout_seconds
+        if timeout is not None:
+            timeout = max(timeout - (time.monotonic() - start), 1e-3)
+        collective_runtime.wait_for_peers(cluster, timeout)
+        devices = _local_devices(local_devices, cluster, cross_device_ops)
+        ops = cross_device_ops._bound_to(devices, cluster.num_workers, options)
+        host = CollectiveAllReduce(collective_keys=ops._keys)._bound_to(
+            [f"{cluster.worker_device}/device:CPU:0"],
+            cluster.num_workers,
+            options,
+        )
+        _Strategy.__init__(
+            self,
+            _Extended(self, cluster_resolver, options, devices, ops, host),
+        )
+
+    def reduce(
+        self, reduce_op: Any, value: Any, axis: Any = None, options: Any = None
+    ) -> Any:
+        """`tf.distribute.Strategy.reduce`, with `options` for this call.
+
+        Nested structures are reduced element by element, and `axis` is
+        ignored for scalars (Keras 3 asks for both).
+        """
+        _base.check_options(options)
+        if tf.nest.is_nested(value):
+            return tf.nest.map_structure(
+                lambda v: self.reduce(reduce_op, v, axis, options), value
+            )
+        if axis is not None and all(
+            getattr(t, "shape", None) is not None and t.shape.rank == 0
+            for t in self.experimental_local_results(value)
+        ):
+            axis = None
+        with self.extended._options_for_call(options):
+            return super().reduce(reduce_op, value, axis)
+
+
+class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
+    """TensorFlow's extended object, with our ops, devices and start-up."""
+
+    # enable_collectives started the server: TensorFlow must not configure
+    # collectives, a coordination service or a server again, nor start its
+    # health-check thread (whose first check waits for peers unbounded).
+    _local_or_standalone_client_mode = True
+    _enable_check_health = False
+
+    def __init__(self, container, resolver, options, devices, ops, host):
+        self._our_devices = tuple(devices)
+        self._call_options: list[Options | None] = []
+        super().__init__(container, resolver, options)
+        self._cross_device_ops = ops
+        self._host_cross_device_ops = host
+        self._collective_keys = ops._keys
+
+    def _initialize_local_devices(self, cluster_resolver, worker_device):
+        kind = devices_lib.parse_device(self._our_devices[0])
+        return self._our_devices, kind.device_type or "CPU"
+
+    @contextlib.contextmanager
+    def _options_for_call(self, options: Options | None) -> Iterator[None]:
+        """`strategy.reduce`'s options, for `_reduce_to` below it."""
+        self._call_options.append(options)
+        try:
+            yield
+        finally:
+            self._call_options.pop()
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        for extra in self._call_options:
+            options = _base.check_options(options).merge(extra)
+        return super()._reduce_to(reduce_op, value, destinations, options)
+
+    def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
+        if isinstance(self._cross_device_ops, CollectiveAllReduce):
+            return super()._replica_ctx_all_reduce(reduce_op, value, options)
+        # The hierarchical variant needs every local replica's value at once.
+        # TensorFlow's generic path: merge_call, then batch_reduce.
+        return tf.distribute.StrategyExtended._replica_ctx_all_reduce(
+            self, reduce_op, value, options
+        )
+
+    def _get_variable_creator_initial_value(
+        self, replica_id, device, primary_var, **kwargs
+    ):
+        if replica_id != 0 or self._num_workers == 1:
+            return super()._get_variable_creator_initial_value(
+                replica_id=replica_id,
+                device=device,
+                primary_var=primary_var,
+                **kwargs,
+            )
+        group = Group(
+            self._collective_keys, [device], self._num_workers, "init"
+        )
+        options = self._communication_options
+        chief = self._is_chief
+
+        def initial_value_fn() -> tf.Tensor:
+            # The chief's initial value, on every worker's first replica.
+            with tf.device(device):
+                value = kwargs["initial_value"]
+                if callable(value):
+                    value = value()
+                value = getattr(value, "wrapped_value", value)
+                value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
+                return group.broadcast(0, value, chief, options)
+
+        return initial_value_fn
+
+
+def _local_devices(
+    local_devices: Sequence[str] | None,
+    cluster: collective_runtime.CollectiveCluster,
+    ops: CollectiveOpsBase,
+) -> list[str]:
+    prefix = cluster.worker_device
+    if local_devices is None:
+        gpus = len(tf.config.list_logical_devices("GPU"))
+        wanted = getattr(ops, "num_gpus_per_worker", 0) or gpus
+        if wanted > gpus:
+            raise ValueError(
+                f"cross_device_ops: num_gpus_per_worker={wanted} but this "
+                f"worker has {gpus} GPU(s)"
+            )
+        if wanted:
+            return [f"{prefix}/device:GPU:{i}" for i in range(wanted)]
+        return [f"{prefix}/device:CPU:0"]
+    names = _checks.string_list(local_devices, "local_devices", "device string")
+    out = []
+    for i, name in enumerate(names):
+        parsed = devices_lib.parse_device(
+            _base.canonical_device(name, f"local_devices[{i}]")
+        )
+        if parsed.device_type is None:
+            raise ValueError(
+                f"local_devices[{i}]: {name!r} names no device; expected "
+                "one such as '/cpu:1' or '/gpu:0'"
+            )
+        out.append(
+            f"{prefix}/device:{parsed.device_type}:{parsed.device_index or 0}"
+        )
+    if len(set(out)) != len(out):
+        raise ValueError(f"local_devices: a device is listed twice: {names}")
+    _base.check_devices_exist(out, "local_devices")
+    return out

@@ -1,0 +1,661 @@
+"""The public boundary every tf_crossdevice CrossDeviceOps shares.
+
+`CrossDeviceOpsBase` turns what users and `tf.distribute.MirroredStrategy`
+pass (PerReplica values, tensors, several kinds of destinations) into plain
+lists of tensors and device names, validates them with messages that name the
+argument, and groups results as TensorFlow does (one destination: the plain
+tensor; several: a `Mirrored` value). Subclasses only implement
+`_all_reduce_dense`: sum a batch of dense values living on the same devices.
+
+Destinations may be None (the value's own devices), a DistributedValues (its
+devices), a tensor or variable (its device), a device string, or a list of
+device strings. Device strings (and a tensor's device) are completed from the
+enclosing `tf.device` scope, as TensorFlow's `device_util.resolve` does.
+
+Dense values whose destinations are exactly their own devices go to the
+subclass's all-reduce. Everything else (other destinations, `IndexedSlices`)
+is summed on one device, the first destination (or the subclass's
+`_reduce_to_device`), and copied to the destinations. `IndexedSlices` are
+summed by concatenating indices and values, as TensorFlow does.
+
+MEAN divides the sum by the number of replicas (components times
+`_num_between_graph_workers`). For integer dtypes MEAN follows TensorFlow's
+ReductionToOneDevice and returns the float64 mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import tensorflow as tf
+
+from tf_crossdevice._core import checks, tf_internal
+from tf_crossdevice._core import devices as devices_lib
+from tf_crossdevice.algorithms import _reduction_to_one_device as one_device
+
+ReduceOp: TypeAlias = tf.distribute.ReduceOp
+# Nothing here branches on tensor values, and autograph converting this code
+# inside a user's tf.function made tracing several times slower.
+_no_autograph = tf.autograph.experimental.do_not_convert
+# A dense tensor or tf.IndexedSlices (TensorFlow has no type stubs).
+Value: TypeAlias = Any
+
+_VALUE_TYPES = "a DistributedValues, tf.Tensor, tf.IndexedSlices or tf.Variable"
+_DESTINATION_TYPES = (
+    "None, a DistributedValues, a tf.Tensor or tf.Variable, a device string "
+    "or a list of device strings"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One value to reduce: its components, their devices, its destinations."""
+
+    components: tuple[Value, ...]
+    devices: tuple[str, ...]
+    destinations: tuple[str, ...]
+
+    @property
+    def sparse(self) -> bool:
+        return isinstance(self.components[0], tf.IndexedSlices)
+
+
+def check_reduce_op(reduce_op: Any) -> ReduceOp:
+    """Accepts `tf.distribute.ReduceOp` members or the strings 'SUM'/'MEAN'."""
+    if isinstance(reduce_op, tf.distribute.ReduceOp):
+        return reduce_op
+    if isinstance(reduce_op, str) and reduce_op.upper() in ("SUM", "MEAN"):
+        return ReduceOp(reduce_op.upper())
+    raise ValueError(
+        f"reduce_op: expected tf.distribute.ReduceOp.SUM or "
+        f"tf.distribute.ReduceOp.MEAN, got {reduce_op!r}"
+    )
+
+
+def check_options(options: Any, argument: str = "options") -> Any:
+    """`options`, or default CommunicationOptions for None.
+
+    `tf_crossdevice.compat.CollectiveHints` builds CommunicationOptions too.
+    """
+    if options is None:
+        return tf_internal.CommunicationOptions()
+    if not isinstance(options, tf_internal.CommunicationOptions):
+        raise TypeError(
+            f"{argument}: expected None or "
+            "tf.distribute.experimental.CommunicationOptions (or "
+            "tf_crossdevice.compat.CollectiveHints), got "
+            f"{type(options).__name__} {options!r}"
+        )
+    return options
+
+
+def check_gather_axis(item: Item, axis: int) -> int:
+    """`axis` if `item` can be gathered along it, counted from 0."""
+    if item.sparse:
+        if axis != 0:
+            raise ValueError(
+                f"axis: IndexedSlices can only be gathered along axis 0, "
+                f"got {axis}"
+            )
+        return axis
+    rank = item.components[0].shape.rank
+    if rank is not None and not -rank <= axis < max(rank, 1):
+        raise ValueError(
+            f"axis: {axis} is out of range for values of rank {rank}; "
+            f"expected {-rank} <= axis < {rank}"
+        )
+    return axis % rank if rank else axis
+
+
+def canonical_device(device: Any, argument: str, scoped: bool = False) -> str:
+    """Canonical device name; ValueError naming `argument` if unparsable.
+
+    With `scoped`, fields the string leaves out come from the enclosing
+    `tf.device` scope, as TensorFlow resolves destination strings.
+    """
+    if not isinstance(device, str):
+        raise TypeError(
+            f"{argument}: expected a device string such as "
+            f"'/device:CPU:0', got {device!r}"
+        )
+    if not device:
+        raise ValueError(
+            f"{argument}: the device string is empty; expected one such as "
+            "'/device:CPU:0'"
+        )
+    try:
+        if scoped:
+            return tf_internal.resolve_device(device)
+        return tf_internal.canonicalize_device(device)
+    except (ValueError, TypeError, AssertionError) as e:
+        raise ValueError(
+            f"{argument}: {device!r} is not a device string such as "
+            f"'/device:CPU:0' or '/job:worker/task:1/device:GPU:0' ({e})"
+        ) from e
+
+
+def _device_key(device: str) -> tuple[str, int, int, str, int]:
+    name = devices_lib.parse_device(device)
+    return (*name.worker, name.device_type or "CPU", name.device_index or 0)
+
+
+def check_devices_exist(devices: Sequence[str], argument: str) -> None:
+    """ValueError naming `argument` if a device of a known job is missing.
+
+    Devices of jobs this process does not know (a TF 1 Session on a remote
+    cluster, say) cannot be checked here and are left to TensorFlow.
+    """
+    known = {_device_key(d.name) for d in tf.config.list_logical_devices()}
+    known_jobs = {key[0] for key in known}
+    for device in devices:
+        if not device:
+            continue
+        key = _device_key(device)
+        if key[0] in known_jobs and key not in known:
+            available = ", ".join(
+                sorted(d.name for d in tf.config.list_logical_devices())
+            )
+            raise ValueError(
+                f"{argument}: device {device!r} does not exist; this process "
+                f"has {available}"
+            )
+
+
+def _as_component(value: Any, argument: str) -> Value:
+    if isinstance(value, tf.IndexedSlices):
+        return value
+    if isinstance(value, tf.Variable):
+        with tf.device(value.device):  # Else the read is unplaced in graphs.
+            return value.read_value()
+    if isinstance(value, tf.Tensor):
+        if value.dtype != value.dtype.base_dtype:
+            # A TF 1 reference (float32_ref, from assign_add on a RefVariable):
+            # reduce its value, as TensorFlow's own CrossDeviceOps do.
+            with tf.device(value.device):
+                return tf.identity(value)
+        return value
+    raise TypeError(
+        f"{argument}: expected {_VALUE_TYPES}, got {type(value).__name__} "
+        f"{value!r}"
+    )
+
+
+def value_components(
+    value: Any, argument: str, concat_axis: int | None = None
+) -> tuple[Value, ...]:
+    """The per-replica components of `value`, validated.
+
+    Args:
+        value: what to reduce or gather.
+        argument: the argument's name, for error messages.
+        concat_axis: for gather, the axis along which replicas may differ.
+
+    Raises:
+        ValueError: no components, or components whose shapes or dtypes differ.
+        TypeError: `value` or a component is not a tensor-like value, or its
+            dtype is not numeric.
+    """
+    if isinstance(value, tf_internal.DistributedValues):
+        raw = tuple(value.values)
+    else:
+        raw = (value,)
+    if not raw:
+        raise ValueError(f"{argument}: has no per-replica values to reduce")
+    components = tuple(
+        _as_component(v, f"{argument} (replica {i})") for i, v in enumerate(raw)
+    )
+    if any(isinstance(c, tf.IndexedSlices) for c in components) and not all(
+        isinstance(c, tf.IndexedSlices) for c in components
+    ):
+        # A mix of dense and sparse gradients: reduce them densely.
+        components = tuple(_densify(c) for c in components)
+    components = _same_indices_dtype(components)
+    first = components[0]
+    dtype = first.dtype
+    if not (dtype.is_floating or dtype.is_integer or dtype.is_complex):
+        raise TypeError(
+            f"{argument}: dtype {dtype.name} cannot be summed; expected a "
+            "floating, integer or complex dtype"
+        )
+    shape = _slice_shape(first, concat_axis)
+    for i, c in enumerate(components[1:], start=1):
+        if c.dtype != dtype:
+            raise ValueError(
+                f"{argument}: replica {i} has dtype {c.dtype.name} but "
+                f"replica 0 has {dtype.name}; all replicas must match"
+            )
+        if not _slice_shape(c, concat_axis).is_compatible_with(shape):
+            raise ValueError(
+                f"{argument}: replica {i} has shape {_shape_of(c)} but "
+                f"replica 0 has {_shape_of(first)}; all replicas must match"
+            )
+    return components
+
+
+def _slice_shape(value: Value, concat_axis: int | None) -> tf.TensorShape:
+    # IndexedSlices of different replicas may hold different numbers of rows,
+    # and gather concatenates replicas that differ along its axis.
+    if isinstance(value, tf.IndexedSlices):
+        return value.values.shape[1:]
+    shape = value.shape
+    if concat_axis is None or shape.rank is None:
+        return shape
+    if not -shape.rank <= concat_axis < shape.rank:
+        return shape  # _gather_on reports the bad axis.
+    dims = shape.as_list()
+    dims[concat_axis] = None
+    return tf.TensorShape(dims)
+
+
+def _densify(value: Value) -> tf.Tensor:
+    with tf.device(value.device):
+        return tf.convert_to_tensor(value)
+
+
+def _same_indices_dtype(components: tuple[Value, ...]) -> tuple[Value, ...]:
+    """IndexedSlices of mixed int32/int64 indices, all made int64."""
+    if not isinstance(components[0], tf.IndexedSlices):
+        return components
+    if len({c.indices.dtype for c in components}) == 1:
+        return components
+    widened = []
+    for c in components:
+        with tf.device(c.device):
+            widened.append(
+                tf.IndexedSlices(
+                    c.values, tf.cast(c.indices, tf.int64), c.dense_shape
+                )
+            )
+    return tuple(widened)
+
+
+def _shape_of(value: Value) -> str:
+    if isinstance(value, tf.IndexedSlices):
+        return f"IndexedSlices rows {value.values.shape[1:]}"
+    return str(value.shape)
+
+
+def resolve_destinations(
+    destinations: Any, default: Sequence[str], argument: str = "destinations"
+) -> tuple[str, ...]:
+    """Canonical destination devices; `default` when destinations is None."""
+    if destinations is None:
+        devices = list(default)
+    elif isinstance(destinations, tf_internal.DistributedValues):
+        devices = [v.device for v in destinations.values]
+    elif isinstance(destinations, str):
+        devices = [destinations]
+    elif isinstance(destinations, (tf.Tensor, tf.Variable, tf.IndexedSlices)):
+        devices = [destinations.device]
+    elif isinstance(destinations, (list, tuple)):
+        devices = checks.string_list(destinations, argument, "device string")
+    else:
+        raise TypeError(
+            f"{argument}: expected {_DESTINATION_TYPES}, got "
+            f"{type(destinations).__name__}"
+        )
+    # Devices taken from values may be '' (see make_item); strings may not.
+    # Strings and placed tensors resolve against the enclosing tf.device
+    # scope (TensorFlow's get_devices_from); a DistributedValues' devices
+    # are already complete.
+    from_strings = isinstance(destinations, (str, list, tuple))
+    scoped = destinations is not None and not isinstance(
+        destinations, tf_internal.DistributedValues
+    )
+    canonical = tuple(
+        canonical_device(d, argument, scoped) if d or from_strings else ""
+        for d in devices
+    )
+    check_devices_exist(canonical, argument)
+    return canonical
+
+
+def make_item(
+    value: Any,
+    destinations: Any,
+    argument: str,
+    concat_axis: int | None = None,
+) -> Item:
+    components = value_components(value, argument, concat_axis)
+    # A tensor captured by a tf.function, or built without a device scope in
+    # a graph, has device '': TensorFlow places it, and so its sum.
+    devices = tuple(
+        canonical_device(c.device, argument) if c.device else ""
+        for c in components
+    )
+    dest = resolve_destinations(destinations, devices)
+    return Item(components, devices, dest)
+
+
+def divide(value: Value, count: int) -> Value:
+    """MEAN's division; integers become the float64 mean, like TensorFlow."""
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            divide(value.values, count), value.indices, value.dense_shape
+        )
+    if value.dtype.is_integer:
+        return tf.math.truediv(tf.cast(value, tf.float64), count)
+    return value / tf.cast(count, value.dtype)
+
+
+def copy_value(value: Value, device: str) -> Value:
+    with tf.device(device):
+        if isinstance(value, tf.IndexedSlices):
+            return tf.IndexedSlices(
+                tf.identity(value.values),
+                tf.identity(value.indices),
+                value.dense_shape,
+            )
+        return tf.identity(value)
+
+
+def per_destination(result: Any) -> tuple[Value, ...]:
+    """The values of a reduce / broadcast / gather result, one per device.
+
+    The inverse of `regroup`: a plain tensor gives itself, a Mirrored value
+    its components.
+    """
+    if isinstance(result, tf_internal.DistributedValues):
+        return tuple(result.values)
+    return (result,)
+
+
+def regroup(values: Sequence[Value]) -> Any:
+    """One value per destination, grouped as TensorFlow's `regroup` does.
+
+    One destination gives the plain tensor (or IndexedSlices), several a
+    `Mirrored` value: what TensorFlow's own CrossDeviceOps return, so code
+    that calls `.numpy()` on a single-device result keeps working.
+    """
+    if len(values) == 1:
+        return values[0]
+    return tf_internal.Mirrored(tuple(values))
+
+
+def sum_sparse(
+    components: Sequence[tf.IndexedSlices], device: str
+) -> tf.IndexedSlices:
+    with tf.device(device):
+        return tf.IndexedSlices(
+            tf.concat([c.values for c in components], axis=0),
+            tf.concat([c.indices for c in components], axis=0),
+            components[0].dense_shape,
+        )
+
+
+class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
+    """Validation, destinations, sparse values and MEAN for every subclass.
+
+    Subclasses implement `_all_reduce_dense`; `_reduce_to_device` and
+    `_accumulation_fn` steer the reduce-to-one-device path.
+    """
+
+    _reduce_to_device: str | None = None
+    _accumulation_fn: one_device.AccumulationFn | None = None
+
+    # ---- What subclasses implement -------------------------------------
+
+    def _all_reduce_dense(
+        self, batch: Sequence[Sequence[tf.Tensor]]
+    ) -> list[list[tf.Tensor]]:
+        """Sums each value of `batch` across its devices.
+
+        Args:
+            batch: `batch[k][d]` is value k's dense tensor on device d; every
+                value has the same devices, in the same order, and more than
+                one.
+
+        Returns:
+            `result[k][d]`: value k's sum, on the same device as `batch[k][d]`.
+        """
+        raise NotImplementedError
+
+    # ---- The public methods MirroredStrategy and users call -------------
+
+    @_no_autograph
+    def reduce(
+        self,
+        reduce_op: Any,
+        per_replica_value: Any,
+        destinations: Any = None,
+        options: Any = None,
+    ) -> Any:
+        """Reduces `per_replica_value` to `destinations` (None: its devices).
+
+        Returns:
+            The reduced tensor when there is one destination device, else a
+            Mirrored value with one component per destination device.
+        """
+        reduce_op = check_reduce_op(reduce_op)
+        options = check_options(options)
+        item = make_item(per_replica_value, destinations, "per_replica_value")
+        return self._reduce_items(reduce_op, [item], options)[0]
+
+    @_no_autograph
+    def batch_reduce(
+        self, reduce_op: Any, value_destination_pairs: Any, options: Any = None
+    ) -> list[Any]:
+        """Reduces several (value, destinations) pairs in one go.
+
+        An empty list gives an empty list.
+        """
+        reduce_op = check_reduce_op(reduce_op)
+        options = check_options(options)
+        return self._reduce_items(
+            reduce_op, self._items_from_pairs(value_destination_pairs), options
+        )
+
+    @_no_autograph
+    def broadcast(self, tensor: Any, destinations: Any = None) -> Any:
+        """Mirrors `tensor` onto `destinations` (None: the tensor's device)."""
+        return self.broadcast_implementation(tensor, destinations)
+
+    @_no_autograph
+    def gather(
+        self,
+        per_replica_value: Any,
+        destinations: Any = None,
+        axis: int = 0,
+        options: Any = None,
+    ) -> Any:
+        """Concatenates the replicas' values along `axis` on `destinations`.
+
+        `IndexedSlices` are gathered along axis 0 only: replica r's indices
+        are shifted by r times the dense first dimension.
+        """
+        return self._gather(per_replica_value, destinations, axis, options)
+
+    # ---- TensorFlow's hooks ---------------------------------------------
+
+    @_no_autograph
+    def reduce_implementation(
+        self, reduce_op, per_replica_value, destinations, options
+    ):
+        return self.reduce(reduce_op, per_replica_value, destinations, options)
+
+    @_no_autograph
+    def batch_reduce_implementation(
+        self, reduce_op, value_destination_pairs, options
+    ):
+        return self.batch_reduce(reduce_op, value_destination_pairs, options)
+
+    @_no_autograph
+    def broadcast_implementation(self, tensor, destinations):
+        component = _as_component(tensor, "tensor")
+        source = (
+            canonical_device(component.device, "tensor")
+            if component.device
+            else ""
+        )
+        devices = resolve_destinations(destinations, [source])
+        return regroup([copy_value(component, d) for d in devices])
+
+    @_no_autograph
+    def _gather(self, per_replica_value, destinations, axis, options=None):
+        check_options(options)
+        return self._gather_implementation(
+            per_replica_value, destinations, axis, options
+        )
+
+    @_no_autograph
+    def _gather_implementation(
+        self, per_replica_value, destinations, axis, options
+    ):
+        checks.integer(axis, "axis")
+        item = make_item(
+            per_replica_value, destinations, "per_replica_value", axis
+        )
+        axis = check_gather_axis(item, axis)
+        gathered = _gather_on(item, axis, item.destinations[0])
+        return regroup([copy_value(gathered, d) for d in item.destinations])
+
+    # ---- The shared machinery -------------------------------------------
+
+    def _items_from_pairs(self, value_destination_pairs: Any) -> list[Item]:
+        if not isinstance(value_destination_pairs, (list, tuple)):
+            raise TypeError(
+                "value_destination_pairs: expected a list of (value, "
+                f"destinations) pairs, got "
+                f"{type(value_destination_pairs).__name__}"
+            )
+        items = []
+        for i, pair in enumerate(value_destination_pairs):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise TypeError(
+                    f"value_destination_pairs[{i}]: expected a (value, "
+                    f"destinations) pair, got {pair!r}"
+                )
+            items.append(
+                make_item(pair[0], pair[1], f"value_destination_pairs[{i}]")
+            )
+        return items
+
+    def _reduce_items(
+        self, reduce_op: ReduceOp, items: list[Item], options: Any
+    ) -> list:
+        """Results in order; a one-replica value already in place is copied.
+
+        That is TensorFlow's shortcut too (its base reduce and batch_reduce),
+        and MirroredStrategy relies on it: when every replica all-reduces
+        the same tensor, it hands over that one tensor and expects it back.
+        Like TensorFlow, the copy keeps the dtype even for MEAN: one replica's
+        mean is its value.
+        """
+        results: list[Any] = [None] * len(items)
+        rest = []
+        for i, item in enumerate(items):
+            if (
+                len(item.components) == 1
+                and item.destinations == item.devices
+                and self._num_between_graph_workers == 1
+            ):
+                results[i] = copy_value(item.components[0], item.devices[0])
+            else:
+                rest.append(i)
+        reduced = self._reduce_batch(
+            reduce_op, [items[i] for i in rest], options
+        )
+        for i, result in zip(rest, reduced, strict=True):
+            results[i] = result
+        return results
+
+    def _reduce_batch(
+        self, reduce_op: ReduceOp, items: list[Item], options: Any
+    ) -> list:
+        """Reduces `items` (none of them one replica in place).
+
+        `options` (CommunicationOptions) matter to the collective classes
+        only.
+        """
+        results: list[Any] = [None] * len(items)
+        all_reduce: dict[tuple[str, ...], list[int]] = {}
+        for i, item in enumerate(items):
+            if (
+                not item.sparse
+                and len(item.devices) > 1
+                and item.destinations == item.devices
+            ):
+                all_reduce.setdefault(item.devices, []).append(i)
+            else:
+                results[i] = self._reduce_on_one_device(reduce_op, item)
+        for indices in all_reduce.values():
+            batch = [list(items[i].components) for i in indices]
+            summed = self._all_reduce_dense(batch)
+            for i, per_device in zip(indices, summed, strict=True):
+                if reduce_op == ReduceOp.MEAN:
+                    count = self._replica_count(items[i])
+                    per_device = [
+                        _divide_in_place(t, count) for t in per_device
+                    ]
+                results[i] = regroup(per_device)
+        return results
+
+    def _reduce_on_one_device(self, reduce_op: ReduceOp, item: Item) -> Any:
+        device = self._reduce_to_device or item.destinations[0]
+        if item.sparse:
+            total = sum_sparse(item.components, device)  # type: ignore[arg-type]
+        else:
+            total = one_device.sum_on_device(
+                item.components,  # type: ignore[arg-type]
+                device,
+                self._accumulation_fn,
+            )
+        if reduce_op == ReduceOp.MEAN:
+            with tf.device(device):
+                total = divide(total, self._replica_count(item))
+        return regroup([copy_value(total, d) for d in item.destinations])
+
+    def _replica_count(self, item: Item) -> int:
+        return len(item.components) * self._num_between_graph_workers
+
+
+def _gather_sparse(
+    components: Sequence[tf.IndexedSlices], device: str
+) -> tf.IndexedSlices:
+    """Concatenation along axis 0: replica r's rows follow replica r-1's."""
+    with tf.device(device):
+        index_dtype = components[0].indices.dtype
+        rows = [tf.cast(c.dense_shape[0], index_dtype) for c in components]
+        offsets = [tf.constant(0, index_dtype)]
+        for r in rows[:-1]:
+            offsets.append(offsets[-1] + r)
+        dense_shape = tf.concat(
+            [
+                tf.reshape(tf.cast(tf.add_n(rows), tf.int64), [1]),
+                tf.cast(components[0].dense_shape[1:], tf.int64),
+            ],
+            axis=0,
+        )
+        return tf.IndexedSlices(
+            tf.concat([c.values for c in components], axis=0),
+            tf.concat(
+                [
+                    c.indices + o
+                    for c, o in zip(components, offsets, strict=True)
+                ],
+                axis=0,
+            ),
+            dense_shape,
+        )
+
+
+def _divide_in_place(tensor: tf.Tensor, count: int) -> Value:
+    with tf.device(tensor.device):
+        return divide(tensor, count)
+
+
+def _gather_on(item: Item, axis: int, device: str) -> Value:
+    """Gathers on `device`; `axis` as `check_gather_axis` returns it."""
+    if item.sparse:
+        if any(c.dense_shape is None for c in item.components):
+            raise ValueError(
+                "per_replica_value: IndexedSlices without dense_shape cannot "
+                "be gathered (the row offsets of each replica are unknown)"
+            )
+        return _gather_sparse(item.components, device)
+    with tf.device(device):
+        if item.components[0].shape.rank == 0:
+            return tf.stack(list(item.components), axis=0)
+        return tf.concat(list(item.components), axis=axis)

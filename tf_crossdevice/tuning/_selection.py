@@ -1,0 +1,118 @@
+"""Picks a CrossDeviceOps from the devices and how they are linked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from tf_crossdevice._core import checks
+from tf_crossdevice.ops import _base
+from tf_crossdevice.ops import _links as topology
+from tf_crossdevice.ops._default import default_cross_device_ops
+from tf_crossdevice.tuning import _autotune, cost_model
+
+
+def select_cross_device_ops(
+    devices: Sequence[str],
+    link_matrix: topology.LinkMatrix | None = None,
+    *,
+    gradients: Any = None,
+    cache_dir: Any = None,
+) -> tf.distribute.CrossDeviceOps:
+    """The CrossDeviceOps that suits `devices` (and `gradients`).
+
+    With `gradients`, in this order:
+
+    - `tf_crossdevice.autotune`'s cached choice for the same topology
+      (device type, devices per worker, workers, versions) and gradient
+      shapes and dtypes, from `cache_dir` (None: autotune's default
+      folder). Nothing is measured here: run `autotune` once for that.
+    - Else the cost model's recommendation (`cost_model.recommend`).
+
+    Otherwise, or without `gradients`, these rules:
+
+    - Any device that is not a GPU: `SpecAllReduce("pscpu",
+      agg_small_grads_max_bytes=64 KiB, agg_small_grads_max_group=1024)`:
+      small tensors packed into groups, each summed in shards on the CPU.
+      The benchmark (docs/benchmark/sp.txt and results.md, 2-core machine,
+      TF 2.21) measured it fastest or within 5% of the fastest of ours on
+      ResNet-50's and BERT-base's gradients and 1000 small tensors at 2 and
+      8 logical CPUs. On 1000 small tensors at 4 CPUs: 3.6 ms in the
+      first-pass rounds, where unpacked hierarchical copy took 28 ms, and
+      4.4 ms against TensorFlow's ReductionToOneDevice's 32 ms in the
+      confirmation rounds. At 4 CPUs on ResNet-50
+      hierarchical copy with the same packing was faster.
+    - GPUs whose links form a DGX-1-like hybrid cube-mesh (8 GPUs, each
+      linked to the three others of its quad and to its peer in the other
+      quad): `HierarchicalCopyAllReduce(num_packs=8)`.
+    - Other GPUs of one worker: `NcclAllReduce(num_packs=1)`.
+    - GPUs of several workers (NCCL runs inside one process):
+      `HierarchicalCopyAllReduce(num_packs=1)`.
+
+    Args:
+        devices: the replicas' device strings.
+        link_matrix: for GPUs, `link_matrix[i][j]` is true when device i has a
+            direct link (NVLink) to device j. None reads the links TensorFlow
+            reports for the local GPUs.
+        gradients: what will be reduced, as `autotune` takes it (a Keras
+            model, or a list of (shape, dtype) pairs, tensors or variables).
+        cache_dir: where autotune's cache files are (None: its default).
+
+    Returns:
+        A new CrossDeviceOps instance.
+
+    Raises:
+        ValueError: `devices` is empty or holds an unparsable device string,
+            or `link_matrix` is not len(devices) x len(devices), or a bad
+            `gradients` entry.
+        TypeError: `devices` is not a list of strings, or `gradients` is
+            not one of the kinds above.
+
+    >>> select_cross_device_ops(["/cpu:0", "/cpu:1"]).__class__.__name__
+    'SpecAllReduce'
+    >>> dgx1 = tf_crossdevice.select_cross_device_ops(
+    ...     [f"/gpu:{i}" for i in range(8)],
+    ...     link_matrix=topology.dgx1_link_matrix())
+    >>> type(dgx1).__name__, dgx1._num_packs
+    ('HierarchicalCopyAllReduce', 8)
+    """
+    checks.string_list(devices, "devices", "device string")
+    canonical = [_base.canonical_device(d, "devices") for d in devices]
+    if link_matrix is not None:
+        topology.check_link_matrix(link_matrix, len(devices))
+    if gradients is not None:
+        chosen = _from_gradients(canonical, gradients, cache_dir)
+        if chosen is not None:
+            return chosen
+    return default_cross_device_ops(canonical, link_matrix)
+
+
+def _from_gradients(
+    devices: list[str], gradients: Any, cache_dir: Any
+) -> tf.distribute.CrossDeviceOps | None:
+    """autotune's cached choice, else the cost model's; None: neither."""
+    grads = _autotune.normalize_gradients(gradients)
+    where = _autotune.Topology.of(devices)
+    path = _autotune.cache_file(where, grads, cache_dir)
+    entry = _autotune.read_cache(path, where)
+    if entry is not None:
+        logging.info(
+            "select_cross_device_ops: autotune's %s (cached in %s)",
+            entry["label"],
+            path,
+        )
+        return _autotune.make_ops(entry["config"], where)
+    config, seconds = cost_model.recommend(
+        grads,
+        num_workers=where.num_workers,
+        devices_per_worker=where.local_devices,
+    )
+    logging.info(
+        "select_cross_device_ops: the cost model's %s (%.3g ms predicted)",
+        _autotune.label(config),
+        seconds * 1e3,
+    )
+    return _autotune.make_ops(config, where)

@@ -1,0 +1,818 @@
+"""An alpha-beta cost model of every all-reduce configuration of the package.
+
+A configuration is a constructor call as plain data, `(class_name, kwargs)`:
+
+    ("SpecAllReduce", {"all_reduce_spec": "xring", "num_packs": 1})
+    ("MultiWorkerAllReduce", {"all_reduce_spec": ("pscpu/pscpu", 2, -1)})
+    ("CollectiveAllReduce", {"options": {"bytes_per_pack": 4 << 20}})
+
+and gradients are `(shape, dtype_name)` pairs, one per tensor of a replica.
+`predict` gives seconds per all-reduce step, `recommend` the fastest
+configuration it knows for a cluster, `fit` the constants from measured
+steps. Nothing here runs a TensorFlow op.
+
+The model (Thakur, Rabenseifner and Gropp, "Optimization of Collective
+Communication Operations in MPICH", 2005), per worker process:
+
+    seconds = alpha_net * network messages + beta_net * network bytes
+            + alpha_mem * memory messages  + beta_mem * memory bytes
+            + gamma * (bytes reduced + bytes copied) + delta * graph ops
+            + alpha_collective * collectives launched across workers
+            + step
+
+where "memory" is a transfer between logical devices of one process and
+"network" one between worker processes; "bytes copied" are the memcpys
+of packing and flattening (a concatenation, a pad); `step` is a fixed
+cost per all-reduce step. The counts come from
+`tf_crossdevice.tuning._traffic` and follow the builders:
+
+- ring ("xring", and the collectives' RING): `2(p-1)` messages,
+  `2(p-1)/p n` bytes sent and `(p-1)/p n` reduced per device, per pack.
+- recursive halving-doubling ("rechd"): `2 log2(p)` messages and the same
+  bytes for a power of two `p`; otherwise the `r = p - 2**floor(log2 p)`
+  extra devices fold into partners first, which pay one more message and
+  `n` more bytes each way (`(2 log2 p' + 1)` messages on a partner).
+- shuffle ("pscpu", "psgpu"): every device sends each shard to its owner,
+  the owner sums `p` copies and broadcasts the sum: `2(p-1)` messages of
+  the shard on the owner, a gather then a broadcast.
+- hierarchical copy and reduction to one device: `2(p-1)` whole-tensor
+  messages through one or two roots.
+- two-level 'inner/outer': the inner algorithm on each worker's devices,
+  the outer across one device per worker, then `k-1` copies back.
+- packing changes how many all-reduces run and how large they are
+  (`_schedules.packing` plans, `_schedules.collective_packing` for the
+  collectives) and adds concat/split ops and copies on every device;
+  spec ranges pick each pack's algorithm by its bytes.
+- compression ('bf16', 'fp16') halves float32 wire bytes (quarters
+  float64), and costs a cast at each end of every message, priced like a
+  sum; 'fp16' adds a scale (two more ops). The collectives compress only
+  groups of 2 or 3 members, by one all-gather of the 16-bit messages that
+  every member decodes and sums (`traffic.compressed_gather`); larger groups
+  all-reduce exactly.
+
+A worker's devices share its CPU thread pool, so their counts add; workers
+run in parallel, so a step costs the busiest worker's time. The per-op
+delta is what makes many small tensors slow on CPUs: every tensor costs
+ops on every device whatever its size.
+
+>>> grads = [((1000, 1000), "float32")] * 4
+>>> ring = ("SpecAllReduce", {"all_reduce_spec": "xring"})
+>>> pscpu = ("SpecAllReduce", {"all_reduce_spec": "pscpu"})
+>>> round(predict(ring, grads, devices_per_worker=4), 4) > 0
+True
+>>> config, seconds = recommend(grads, num_workers=64)
+>>> config[0] in ("MultiWorkerAllReduce", "CollectiveAllReduce",
+...               "HierarchicalCollectiveAllReduce")
+True
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeAlias
+
+from tf_crossdevice._core import checks
+from tf_crossdevice.algorithms import _spec as spec_lib
+from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice.packing import _collective_plan as collective_packing
+from tf_crossdevice.packing import _plan as packing_lib
+from tf_crossdevice.tuning import _traffic as traffic
+from tf_crossdevice.tuning._traffic import Traffic
+
+# The builder registry's names (tf_crossdevice.algorithms._registry, which
+# imports TensorFlow; tests check the two agree).
+ALGORITHMS = frozenset(
+    {"hierarchical_copy", "nccl", "pscpu", "psgpu", "rechd", "xring"}
+)
+COMPRESSIONS = ("bf16", "fp16")
+ITEMSIZE = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "int8": 1,
+    "int16": 2,
+    "complex64": 8,
+    "complex128": 16,
+}
+# Compression applies to these only (contract of _builders/compression.py).
+COMPRESSIBLE = ("float32", "float64")
+
+Config: TypeAlias = tuple[str, Mapping[str, Any]]
+Gradients: TypeAlias = Sequence[tuple[Sequence[int], str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Constants:
+    """The model's constants, in seconds.
+
+    Attributes:
+        alpha_net: per message between worker processes.
+        beta_net: per byte between worker processes.
+        alpha_mem: per message between logical devices of one process.
+        beta_mem: per byte sent between logical devices of one process
+            (TensorFlow shares the buffer, so it fits near 0).
+        gamma: per byte an elementwise pass touches: summed, cast, or
+            copied by a concatenation or pad (packing, flattening).
+        delta: per graph op run.
+        alpha_collective: per collective all-reduce launched across
+            workers, once per pack and worker (TensorFlow's collective
+            runtime resolves each instance with its peers over the network;
+            inside one process a launch is an ordinary op).
+        step: per all-reduce step, whatever it does (dispatching the
+            step's graph; it dominates steps of a few milliseconds).
+    """
+
+    alpha_net: float
+    beta_net: float
+    alpha_mem: float
+    beta_mem: float
+    gamma: float
+    delta: float
+    alpha_collective: float
+    step: float
+
+    def seconds(self, t: Traffic) -> float:
+        """The time of counts `t`."""
+        return float(
+            self.alpha_net * t.net_messages
+            + self.beta_net * t.net_bytes
+            + self.alpha_mem * t.mem_messages
+            + self.beta_mem * t.mem_bytes
+            + self.gamma * (t.reduce_bytes + t.copy_bytes)
+            + self.delta * t.ops
+            + self.alpha_collective * t.collectives
+            + self.step
+        )
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Constants))
+
+
+def features(t: Traffic) -> tuple[float, ...]:
+    """The counts that multiply each of `Constants`' fields, in order.
+
+    >>> features(Traffic(net_messages=2, copy_bytes=8, mem_bytes=1, ops=3))
+    (2, 0.0, 0.0, 1, 8.0, 3, 0.0, 1.0)
+    """
+    return (
+        t.net_messages,
+        t.net_bytes,
+        t.mem_messages,
+        t.mem_bytes,
+        t.reduce_bytes + t.copy_bytes,
+        t.ops,
+        t.collectives,
+        1.0,
+    )
+
+
+# Fitted by `python -m benchmarks.cost_fit docs/benchmark/*.json` on the
+# repository's benchmark records (commit 78fb01a: 10 groups, 140 candidates;
+# a 2-core CPU machine, logical CPU devices and loopback gRPC workers); see
+# docs/benchmark/cost_model.md for the fit's errors per group (120 of 140
+# candidates within 25%). Other hardware needs its own `fit`.
+DEFAULT_CONSTANTS = Constants(
+    alpha_net=1.521e-04,
+    beta_net=4.763e-09,
+    alpha_mem=5.229e-06,
+    beta_mem=1.034e-11,
+    gamma=7.521e-11,
+    delta=2.298e-07,
+    alpha_collective=5.293e-03,
+    step=2.111e-03,
+)
+
+
+class Measurement(NamedTuple):
+    """One measured configuration: what `fit` takes."""
+
+    config: Config
+    gradients: Gradients
+    devices_per_worker: int
+    num_workers: int
+    seconds: float
+
+
+# --- configurations -----------------------------------------------------
+
+_PACKING = {
+    "num_packs": 0,
+    "agg_small_grads_max_bytes": 0,
+    "agg_small_grads_max_group": 10,
+}
+# Each class's keyword arguments and their defaults (None: required, or
+# irrelevant to the cost).
+_KWARGS: dict[str, dict[str, Any]] = {
+    "SpecAllReduce": {"all_reduce_spec": "xring", **_PACKING},
+    "MultiWorkerAllReduce": {
+        "worker_devices": None,
+        "num_gpus_per_worker": None,
+        "all_reduce_spec": ("pscpu/pscpu", 2, -1),
+        **_PACKING,
+    },
+    "AllReduceCrossDeviceOps": {
+        "all_reduce_alg": "nccl",
+        **_PACKING,
+        "num_packs": 1,
+    },
+    "HierarchicalCopyAllReduce": {"num_packs": 1},
+    "NcclAllReduce": {"num_packs": 1},
+    "ReductionToOneDevice": {"reduce_to_device": None},
+    "CollectiveAllReduce": {
+        "num_workers": None,
+        "num_gpus_per_worker": None,
+        "all_reduce_merge_scope": 32,
+        "options": None,
+    },
+    "HierarchicalCollectiveAllReduce": {"options": None},
+    "tf.ReductionToOneDevice": {},
+    "tf.HierarchicalCopyAllReduce": {"num_packs": 1},
+    "tf.MultiWorkerMirroredStrategy": {
+        "implementation": "RING",
+        "options": None,
+    },
+}
+# Classes that take `compression=` (None, 'bf16' or 'fp16').
+_COMPRESSING = frozenset(_KWARGS) - {
+    "tf.ReductionToOneDevice",
+    "tf.HierarchicalCopyAllReduce",
+    "tf.MultiWorkerMirroredStrategy",
+}
+CONFIG_NAMES = tuple(sorted(_KWARGS))
+
+
+def _check_config(config: object) -> tuple[str, dict[str, Any]]:
+    if (
+        not isinstance(config, tuple | list)
+        or len(config) != 2
+        or not isinstance(config[0], str)
+        or not isinstance(config[1], Mapping)
+    ):
+        raise ValueError(
+            f"config: expected (class name, kwargs dict), got {config!r}"
+        )
+    name, kwargs = config[0], dict(config[1])
+    if name not in _KWARGS:
+        raise ValueError(
+            f"config: unknown class {name!r}; expected one of "
+            f"{', '.join(CONFIG_NAMES)}"
+        )
+    allowed = dict(_KWARGS[name])
+    if name in _COMPRESSING:
+        allowed["compression"] = None
+    for key in kwargs:
+        if key not in allowed:
+            raise ValueError(
+                f"config: {name} takes no argument {key!r}; expected some "
+                f"of {', '.join(sorted(allowed))}"
+            )
+    return name, {**allowed, **kwargs}
+
+
+def _compression(value: object) -> str | None:
+    if value is not None and value not in COMPRESSIONS:
+        raise ValueError(
+            f"compression: expected None or one of "
+            f"{', '.join(COMPRESSIONS)}, got {value!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
+class _Tensor(NamedTuple):
+    elements: int
+    dtype: str
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.elements * self.itemsize
+
+
+def _check_gradients(gradients: object) -> list[_Tensor]:
+    if isinstance(gradients, str | bytes) or not isinstance(
+        gradients, Iterable
+    ):
+        raise ValueError(
+            "gradients: expected a list of (shape, dtype name) pairs, got "
+            f"{gradients!r}"
+        )
+    out = []
+    for i, item in enumerate(gradients):
+        where = f"gradients[{i}]"
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise ValueError(
+                f"{where}: expected a (shape, dtype name) pair, got {item!r}"
+            )
+        shape, dtype = item
+        if isinstance(shape, int) or not isinstance(shape, Iterable):
+            raise ValueError(
+                f"{where}: expected a shape tuple of ints, got {shape!r}"
+            )
+        dims = [
+            checks.non_negative_int(d, f"{where} dimension {j}")
+            for j, d in enumerate(shape)
+        ]
+        if dtype not in ITEMSIZE:
+            raise ValueError(
+                f"{where}: unknown dtype {dtype!r}; expected one of "
+                f"{', '.join(sorted(ITEMSIZE))}"
+            )
+        out.append(_Tensor(math.prod(dims), dtype))
+    if not out:
+        raise ValueError("gradients: expected at least one (shape, dtype)")
+    return out
+
+
+class _Pack(NamedTuple):
+    num_bytes: int
+    dtype: str
+
+
+def _plan_packs(
+    tensors: list[_Tensor], kwargs: Mapping[str, Any]
+) -> tuple[list[_Pack], list[tuple[list[float], int]]]:
+    """The packs of the graph builders' packers (`_schedules.packing`), and
+    each concatenating group's member bytes and pack count."""
+    scheme = packing_lib.packing_scheme(
+        num_packs=kwargs["num_packs"],
+        agg_small_grads_max_bytes=kwargs["agg_small_grads_max_bytes"],
+        agg_small_grads_max_group=kwargs["agg_small_grads_max_group"],
+    )
+    infos = [(t.elements, t.itemsize, t.dtype) for t in tensors]
+    if scheme is packing_lib.PackingScheme.IDENTITY:
+        return [_Pack(t.num_bytes, t.dtype) for t in tensors], []
+    if scheme is packing_lib.PackingScheme.CONCAT_AND_SPLIT:
+        plan = packing_lib.concat_and_split_plan(infos, kwargs["num_packs"])
+    else:
+        plan = packing_lib.small_tensor_plan(
+            infos,
+            kwargs["agg_small_grads_max_bytes"],
+            kwargs["agg_small_grads_max_group"],
+        )
+    packs = []
+    groups = []
+    for group in plan:
+        dtype = tensors[group.members[0]].dtype
+        size = ITEMSIZE[dtype]
+        packs += [_Pack(e * size, dtype) for e in group.pack_sizes]
+        if group.concat:
+            member_bytes = [float(e * size) for e in group.member_sizes]
+            groups.append((member_bytes, len(group.pack_sizes)))
+    return packs, groups
+
+
+def _single(alg: str, size: float, n: int, k: int, shards: int) -> Traffic:
+    if alg == "xring":
+        return traffic.ring(size, n, k, shards)
+    if alg == "nccl":  # one kernel per device, ring traffic
+        return traffic.ring(size, n, k, shards, 0, 1, 0)
+    if alg == "rechd":
+        return traffic.halving_doubling(size, n, k, shards)
+    if alg in ("pscpu", "psgpu"):
+        return traffic.shuffle(size, n, k, shards, per_worker=alg == "pscpu")
+    if alg == "hierarchical_copy":
+        return traffic.hierarchical_copy(size, n, k).scaled(shards)
+    raise ValueError(
+        f"all_reduce_spec: unknown algorithm {alg!r}; expected "
+        f"{spec_lib.describe_algorithms(ALGORITHMS)}"
+    )
+
+
+def _algorithm(alg: str, size: float, n: int, k: int, shards: int) -> Traffic:
+    parts = spec_lib.split_two_level(alg)
+    if parts is None:
+        return _single(alg, size, n, k, shards)
+    inner, outer = parts
+    return traffic.two_level(
+        _single(inner, size, k, k, 1) if k > 1 else traffic.NONE,
+        _single(outer, size, n // k, 1, shards) if n > k else traffic.NONE,
+        size,
+        n,
+        k,
+    )
+
+
+def _compress(t: Traffic, dtype: str, compression: str | None) -> Traffic:
+    if compression is None or dtype not in COMPRESSIBLE:
+        return t
+    cast_ops = 2 if compression == "bf16" else 4
+    return t.compressed(2 / ITEMSIZE[dtype], cast_ops)
+
+
+def _packed_traffic(
+    tensors: list[_Tensor],
+    kwargs: Mapping[str, Any],
+    ranges: Sequence[spec_lib.AllReduceSpecTuple],
+    n: int,
+    k: int,
+    compression: str | None,
+) -> Traffic:
+    packs, groups = _plan_packs(tensors, kwargs)
+    total = traffic.NONE
+    for member_bytes, num_packs in groups:
+        total += traffic.pack_traffic(member_bytes, num_packs, k)
+    # Equal packs cost alike: price each size once.
+    for pack, count in collections.Counter(packs).items():
+        chosen = spec_lib.select_range(ranges, pack.num_bytes)
+        t = _algorithm(chosen.alg, pack.num_bytes, n, k, chosen.shards)
+        total += _compress(t, pack.dtype, compression).scaled(count)
+    return total
+
+
+def _bytes_per_pack(options: object, argument: str) -> int:
+    if options is None:
+        return 0
+    if isinstance(options, Mapping):
+        value = options.get("bytes_per_pack", 0)
+    else:  # tf.distribute.experimental.CommunicationOptions
+        value = getattr(options, "bytes_per_pack", 0)
+    return checks.non_negative_int(value, f"{argument}.bytes_per_pack")
+
+
+def _collective_traffic(
+    tensors: list[_Tensor],
+    packs: list[list[int]],
+    n: int,
+    k: int,
+    hierarchical: bool,
+    compression: str | None,
+) -> Traffic:
+    """TensorFlow's RING collective per pack, around flatten/unflatten.
+
+    The ring is one kernel per device (no graph op per step); its CPU
+    RingReducer first copies the input into the output buffer (one copy).
+    """
+    total = traffic.NONE
+    workers = n // k
+    # The hierarchical class reduces each worker's devices first, then runs
+    # its collective with one member per worker.
+    group, members_here = (workers, 1) if hierarchical else (n, k)
+    # Compressed, a group of 2 or 3 members gathers 16-bit messages;
+    # larger groups reduce exactly (`codec.gather_compression_pays`).
+    gathers = (
+        compression is not None
+        and workers > 1
+        and codec.gather_compression_pays(group)
+    )
+    launched = Traffic(collectives=1 if workers > 1 else 0)
+    for pack in packs:
+        size = float(sum(tensors[i].num_bytes for i in pack))
+        dtype = tensors[pack[0]].dtype
+        t = traffic.pack_traffic(
+            [float(tensors[i].num_bytes) for i in pack], 1, k
+        )
+        if hierarchical and k > 1:
+            t += traffic.one_device(size, k, k)
+        if gathers and dtype in COMPRESSIBLE:
+            ratio = 2 / ITEMSIZE[dtype]
+            extra = 0 if compression == "bf16" else 2 * group  # fp16 scales
+            t += traffic.compressed_gather(size, group, members_here, ratio)
+            t += Traffic(ops=extra)
+        else:
+            t += traffic.ring(size, group, members_here, 1, 0, 1, 1)
+        total += t + launched
+    return total
+
+
+def traffic_of(
+    config: Config,
+    gradients: Gradients,
+    *,
+    devices_per_worker: int,
+    num_workers: int = 1,
+) -> Traffic:
+    """The busiest worker's counts for one step of `config`.
+
+    Args and Raises: as `predict`.
+
+    >>> t = traffic_of(("SpecAllReduce", {"all_reduce_spec": "xring"}),
+    ...                [((10,), "float32")], devices_per_worker=2)
+    >>> t.mem_messages, t.mem_bytes   # 2 devices x 2(p-1) chunks of 20 B
+    (4.0, 80.0)
+    """
+    name, kwargs = _check_config(config)
+    tensors = _check_gradients(gradients)
+    k = checks.positive_int(devices_per_worker, "devices_per_worker")
+    workers = checks.positive_int(num_workers, "num_workers")
+    n = k * workers
+    compression = _compression(kwargs.get("compression"))
+    if name in ("SpecAllReduce", "MultiWorkerAllReduce"):
+        ranges = spec_lib.parse_all_reduce_spec(
+            kwargs["all_reduce_spec"], ALGORITHMS
+        )
+        if name == "MultiWorkerAllReduce":
+            devices = kwargs["worker_devices"]
+            if devices is not None and len(devices) != workers:
+                raise ValueError(
+                    f"worker_devices: {len(devices)} workers listed, but "
+                    f"num_workers={workers}"
+                )
+        return _packed_traffic(tensors, kwargs, ranges, n, k, compression)
+    if name in ("AllReduceCrossDeviceOps", "NcclAllReduce"):
+        kwargs = {**_PACKING, **kwargs}
+        alg = kwargs.get("all_reduce_alg", "nccl")
+        spec_lib.check_algorithm(alg, ALGORITHMS, "all_reduce_alg")
+        ranges = (spec_lib.AllReduceSpecTuple(alg),)
+        return _packed_traffic(tensors, kwargs, ranges, n, k, compression)
+    if name in ("HierarchicalCopyAllReduce", "tf.HierarchicalCopyAllReduce"):
+        kwargs = {**_PACKING, **kwargs}
+        ranges = (spec_lib.AllReduceSpecTuple("hierarchical_copy"),)
+        return _packed_traffic(tensors, kwargs, ranges, n, k, compression)
+    if name in ("ReductionToOneDevice", "tf.ReductionToOneDevice"):
+        total = traffic.NONE
+        for t, count in collections.Counter(tensors).items():
+            one = traffic.one_device(float(t.num_bytes), n, k)
+            total += _compress(one, t.dtype, compression).scaled(count)
+        return total
+    options = kwargs.get("options")
+    bytes_per_pack = _bytes_per_pack(options, "options")
+    sizes = [t.num_bytes for t in tensors]
+    dtypes = [t.dtype for t in tensors]
+    if name == "CollectiveAllReduce":
+        if kwargs["num_workers"] not in (None, workers):
+            raise ValueError(
+                f"num_workers: config says {kwargs['num_workers']}, the "
+                f"call {workers}"
+            )
+        scope = checks.positive_int(
+            kwargs["all_reduce_merge_scope"], "all_reduce_merge_scope"
+        )
+        packs = collective_packing.collective_packs(
+            sizes, dtypes, bytes_per_pack, scope
+        )
+        return _collective_traffic(tensors, packs, n, k, False, compression)
+    if name == "HierarchicalCollectiveAllReduce":
+        packs = collective_packing.collective_packs(
+            sizes, dtypes, bytes_per_pack, len(tensors)
+        )
+        return _collective_traffic(tensors, packs, n, k, True, compression)
+    # tf.MultiWorkerMirroredStrategy: one RING collective per pack of
+    # `bytes_per_pack` (0: all values in one pack).
+    implementation = kwargs["implementation"]
+    if implementation not in ("RING", "AUTO"):
+        raise ValueError(
+            f"implementation: the model knows 'RING' and 'AUTO' (RING on "
+            f"CPUs), got {implementation!r}"
+        )
+    packs = collective_packing.collective_packs(
+        sizes, dtypes, bytes_per_pack, max(1, len(tensors))
+    )
+    return _collective_traffic(tensors, packs, n, k, False, None)
+
+
+def predict(
+    config: Config,
+    gradients: Gradients,
+    *,
+    devices_per_worker: int,
+    num_workers: int = 1,
+    constants: Constants | None = None,
+) -> float:
+    """Predicted seconds per all-reduce step of `gradients` by `config`.
+
+    Args:
+        config: `(class_name, kwargs)`, a constructor call of one of
+            `CONFIG_NAMES` ("tf.*" name TensorFlow's built-ins).
+            MultiWorkerAllReduce's `worker_devices`, CollectiveAllReduce's
+            `num_workers` may be left out.
+        gradients: `(shape, dtype_name)` per tensor of one replica.
+        devices_per_worker: replicas (devices) in each worker process.
+        num_workers: worker processes.
+        constants: the model's constants (default `DEFAULT_CONSTANTS`).
+
+    Returns:
+        Seconds, the busiest worker's time.
+
+    Raises:
+        ValueError: a config the model cannot price; the message names the
+            argument (`config`, `all_reduce_spec`, `compression`,
+            `num_packs`, `gradients[i]`, ...) and what is allowed.
+        TypeError: an argument of the wrong type.
+
+    >>> grads = [((256,), "float32")] * 1000
+    >>> one_by_one = predict(("SpecAllReduce", {"all_reduce_spec": "pscpu"}),
+    ...                      grads, devices_per_worker=8)
+    >>> packed = predict(("SpecAllReduce", {"all_reduce_spec": "pscpu",
+    ...                                     "num_packs": 1}),
+    ...                  grads, devices_per_worker=8)
+    >>> packed < one_by_one
+    True
+    """
+    t = traffic_of(
+        config,
+        gradients,
+        devices_per_worker=devices_per_worker,
+        num_workers=num_workers,
+    )
+    return (constants or DEFAULT_CONSTANTS).seconds(t)
+
+
+# --- fitting ------------------------------------------------------------
+
+
+def nnls(a: Any, b: Any, max_iterations: int = 200) -> Any:
+    """Non-negative least squares, Lawson and Hanson's active-set method.
+
+    >>> import numpy as np
+    >>> nnls(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([2.0, -1.0]))
+    array([2., 0.])
+    """
+    import numpy as np
+
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    cols = a.shape[1]
+    x = np.zeros(cols)
+    passive = np.zeros(cols, dtype=bool)
+    tol = 1e-12 * max(1.0, float(np.abs(a).max(initial=0.0)))
+    for _ in range(max_iterations):
+        w = a.T @ (b - a @ x)
+        if passive.all() or (w[~passive] <= tol).all():
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(cols)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            negative = passive & (z <= 0)
+            steps = x[negative] / (x[negative] - z[negative])
+            x = x + steps.min() * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+    return x
+
+
+def fit(
+    measurements: Iterable[Measurement | tuple],
+    *,
+    relative: bool = True,
+) -> Constants:
+    """Fits `Constants` to measured steps by non-negative least squares.
+
+    Args:
+        measurements: `Measurement`s or tuples `(config, gradients,
+            devices_per_worker, num_workers, seconds)`.
+        relative: minimise squared relative errors (each row divided by
+            its seconds), so fast and slow steps weigh alike; else
+            absolute errors.
+
+    Returns:
+        The constants; a field no measurement exercises is 0.
+
+    Raises:
+        ValueError: no measurements, a non-positive time, or a config
+            `predict` rejects.
+
+    >>> grads = [((1000,), "float32")] * 10
+    >>> rows = [(("SpecAllReduce", {"all_reduce_spec": s, "num_packs": p}),
+    ...          grads, d, 1, predict(("SpecAllReduce",
+    ...          {"all_reduce_spec": s, "num_packs": p}), grads,
+    ...          devices_per_worker=d))
+    ...         for s in ("xring", "pscpu", "rechd") for p in (0, 1, 4)
+    ...         for d in (2, 4, 8)]
+    >>> c = fit(rows)
+    >>> abs(c.delta / DEFAULT_CONSTANTS.delta - 1) < 0.01
+    True
+    """
+    import numpy as np
+
+    rows, times = [], []
+    for i, m in enumerate(measurements):
+        m = Measurement(*m)
+        seconds = checks.positive_number(m.seconds, f"measurements[{i}]")
+        t = traffic_of(
+            m.config,
+            m.gradients,
+            devices_per_worker=m.devices_per_worker,
+            num_workers=m.num_workers,
+        )
+        rows.append(features(t))
+        times.append(seconds)
+    if not rows:
+        raise ValueError("measurements: expected at least one")
+    a = np.array(rows, dtype=float)
+    b = np.array(times, dtype=float)
+    if relative:
+        a, b = a / b[:, None], np.ones_like(b)
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    x = nnls(a / scale, b) / scale
+    return Constants(*(float(v) for v in x))
+
+
+# --- recommendation -----------------------------------------------------
+
+_PACKINGS: tuple[dict[str, int], ...] = (
+    {},
+    {"num_packs": 1},
+    {"num_packs": 4},
+    {"agg_small_grads_max_bytes": 64 << 10, "agg_small_grads_max_group": 1024},
+)
+_SHARDS = (1, 2, 4, 8)
+_BYTES_PER_PACK = (0, 4 << 20, 32 << 20)
+
+
+def candidates(num_workers: int, devices_per_worker: int) -> list[Config]:
+    """The configurations `recommend` compares (no compression: it
+    changes the numbers, so the caller opts in).
+
+    >>> len(candidates(1, 4)) > 10
+    True
+    """
+    out: list[Config] = []
+    if num_workers == 1:
+        out.append(("ReductionToOneDevice", {}))
+        for p in (0, 1, 4):
+            out.append(("HierarchicalCopyAllReduce", {"num_packs": p}))
+        for alg, shards, packing in itertools.product(
+            ("pscpu", "psgpu", "xring", "rechd"), _SHARDS, _PACKINGS
+        ):
+            out.append(
+                ("SpecAllReduce", {"all_reduce_spec": (alg, shards), **packing})
+            )
+        return out
+    algs = ["xring", "rechd", "pscpu"]
+    if devices_per_worker > 1:
+        algs += [
+            f"{inner}/{outer}"
+            for inner in ("pscpu", "xring")
+            for outer in ("xring", "rechd", "pscpu")
+        ]
+    specs: list[Any] = [(alg, shards) for alg in algs for shards in _SHARDS]
+    # Latency-bound algorithm for small packs, bandwidth-bound for large.
+    small = "pscpu/rechd" if devices_per_worker > 1 else "rechd"
+    large = "pscpu/xring" if devices_per_worker > 1 else "xring"
+    for limit in (64 << 10, 1 << 20):
+        for shards in (1, 2, 4):
+            specs.append([(small, 1, limit), (large, shards, -1)])
+    for spec, packing in itertools.product(specs, _PACKINGS):
+        out.append(
+            ("MultiWorkerAllReduce", {"all_reduce_spec": spec, **packing})
+        )
+    for size in _BYTES_PER_PACK:
+        options = {"bytes_per_pack": size}
+        out.append(("CollectiveAllReduce", {"options": options}))
+        out.append(("HierarchicalCollectiveAllReduce", {"options": options}))
+    return out
+
+
+def recommend(
+    gradients: Gradients,
+    *,
+    num_workers: int,
+    devices_per_worker: int = 1,
+    constants: Constants | None = None,
+) -> tuple[Config, float]:
+    """The fastest of `candidates` by `predict`, and its predicted seconds.
+
+    Args:
+        gradients: `(shape, dtype_name)` per tensor of one replica.
+        num_workers: worker processes (1: one process, `SpecAllReduce` and
+            friends; more: `MultiWorkerAllReduce` or the collectives).
+        devices_per_worker: replicas in each worker process.
+        constants: default `DEFAULT_CONSTANTS`.
+
+    Returns:
+        `(config, seconds)`. A single-worker config builds with
+        `getattr(tf_crossdevice, config[0])(**config[1])`; a
+        MultiWorkerAllReduce config needs `worker_devices` and
+        `num_gpus_per_worker` added, a collective one goes into
+        `tf_crossdevice.MultiWorkerMirroredStrategy`.
+
+    >>> config, seconds = recommend([((64,), "float32")] * 100,
+    ...                             num_workers=1, devices_per_worker=4)
+    >>> ops = getattr(tf_crossdevice, config[0])(**config[1])
+    >>> isinstance(ops, tf.distribute.CrossDeviceOps), seconds > 0
+    (True, True)
+    """
+    tensors = _check_gradients(gradients)
+    grads = [((t.elements,), t.dtype) for t in tensors]
+    workers = checks.positive_int(num_workers, "num_workers")
+    k = checks.positive_int(devices_per_worker, "devices_per_worker")
+    best: tuple[float, int, Config] | None = None
+    for i, config in enumerate(candidates(workers, k)):
+        seconds = predict(
+            config,
+            grads,
+            devices_per_worker=k,
+            num_workers=workers,
+            constants=constants,
+        )
+        if best is None or seconds < best[0]:
+            best = (seconds, i, config)
+    assert best is not None
+    return best[2], best[0]

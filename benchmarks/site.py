@@ -1,0 +1,226 @@
+"""Writes the documentation site's benchmark page from the records.
+
+    python -m benchmarks.site  # docs/benchmark/*.json -> index.md beside them
+
+Every figure on the page comes from a record (`records.Run.read`), so the
+page is rewritten, never edited: per record, the date, machine and command
+it stored, a summary table (one row per group: TF's best and ours, with
+their net times from the confirmation rounds and the ratios), and one table
+per group with every candidate. tests/benchmarks/site_test.py checks that
+the committed page is what this command writes from the committed records.
+
+>>> group = records.Group("single_process", "w", "", 2, 1, 8, 2, "float32")
+>>> records.add_results(group, [
+...     records.entry_of("base", "baseline", None, [0.001] * 3),
+...     records.entry_of("TF x", "tf", "base", [0.005] * 3),
+...     records.entry_of("ours y", "ours", "base", [0.003] * 3)])
+>>> print(summary_table([group]).splitlines()[-1])
+| w | 2 logical CPUs | 1 / 8 B | x | 4.000 | y | 2.000 | 2.00 | - |
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import sys
+from collections.abc import Sequence
+
+from benchmarks import records
+from benchmarks.report import format_size
+
+RECORDS_DIR = pathlib.Path(__file__).resolve().parents[1] / "docs/benchmark"
+PAGE_NAME = "index.md"
+
+_INTRO = """\
+# Benchmark
+
+<!-- Written by `python -m benchmarks.site` from docs/benchmark/*.json:
+     do not edit; run the command again after adding a record. -->
+
+Each section below is one benchmark record in `docs/benchmark/` (its JSON
+holds every sample). The benchmark reduces (SUM) the same tensors with ours
+and TensorFlow's built-ins inside `tf.function`, in interleaved rounds
+after a warm-up, checks every result against numpy before timing it, and
+times the best of each family again side by side (confirmation rounds).
+
+- **time**: median step time minus the baseline step's (the step that only
+  produces the inputs), in milliseconds; confirmation rounds where the
+  entry was re-timed. `-`: within the noise, or no figure.
+- **vs TF**: TensorFlow's best time / this time (above 1: faster than every
+  TensorFlow built-in in that group).
+- **roofline**: roofline time / this time (the roofline is measured in
+  the same run: the fastest plain sum in one process, a TCP loopback copy
+  between worker processes).
+"""
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    return f"{seconds * 1e3:.3f}"
+
+
+def _num(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _row(cells: Sequence[object]) -> str:
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = [_row(header), "| " + " | ".join("---" for _ in header) + " |"]
+    return "\n".join(lines + [_row(r) for r in rows])
+
+
+def setting(group: records.Group) -> str:
+    """The group's replicas in a few words, e.g. "2 workers x 2 devices"."""
+    n = group.num_replicas
+    if group.setting == "single_process":
+        return f"{n} logical CPUs"
+    if group.local_devices > 1:
+        return f"{n} workers x {group.local_devices} local devices"
+    return f"{n} worker processes"
+
+
+def _name(name: str | None, prefix: str) -> str:
+    return (name or "-").removeprefix(prefix)
+
+
+def summary_table(groups: Sequence[records.Group]) -> str:
+    """One row per group: TF's best and ours, their times and ratios."""
+    rows = []
+    for g in groups:
+        head = [
+            g.workload,
+            setting(g),
+            f"{g.num_tensors} / {format_size(g.size_bytes)}",
+        ]
+        if g.error or g.skipped:
+            state = (
+                f"failed: {g.error}" if g.error else f"left out: {g.skipped}"
+            )
+            rows.append([*head, state, "-", "-", "-", "-", "-"])
+            continue
+        ours, tf_best, roof = map(g.time, (g.ours_best, g.tf_best, g.roofline))
+        rows.append(
+            [
+                *head,
+                _name(g.tf_best, "TF "),
+                _ms(tf_best),
+                _name(g.ours_best, "ours "),
+                _ms(ours),
+                _num(records.ratio(tf_best, ours)),
+                _num(records.ratio(roof, ours)),
+            ]
+        )
+    header = (
+        "workload",
+        "setting",
+        "tensors / bytes",
+        "TF best",
+        "time (ms)",
+        "ours best",
+        "time (ms)",
+        "vs TF",
+        "roofline",
+    )
+    return _table(header, rows)
+
+
+def group_table(g: records.Group) -> str:
+    """Every candidate of one group, fastest first within each family."""
+    order = {"roofline": 0, "bound": 1, "tf": 2, "ours": 3}
+    rows = []
+    tf_best = g.time(g.tf_best)
+    roof = g.time(g.roofline)
+    results = sorted(
+        g.results,
+        key=lambda r: (order.get(r.family, 4), g.time(r.name) or math.inf),
+    )
+    for r in results:
+        t = g.time(r.name)
+        rows.append(
+            [
+                r.name,
+                r.family,
+                "failed" if not r.ok else _ms(t),
+                _num(records.ratio(tf_best, t)),
+                _num(records.ratio(roof, t)),
+            ]
+        )
+    return _table(("entry", "family", "time (ms)", "vs TF", "roofline"), rows)
+
+
+def record_section(name: str, run: records.Run) -> str:
+    """One record: what it says about its run, then its tables."""
+    lines = [f"## {name}", ""]
+    meta = run.meta
+    for key in ("date", "machine"):
+        if meta.get(key):
+            lines.append(f"- {key}: {meta[key]}")
+    lines.append(f"- record: `docs/benchmark/{name}.json`")
+    if meta.get("command"):
+        lines += ["", "```sh", str(meta["command"]), "```"]
+    lines += ["", summary_table(run.groups), ""]
+    if run.skipped:
+        lines += ["Left out of this run:", ""]
+        lines += [f"- {k}: {v}" for k, v in sorted(run.skipped.items())]
+        lines.append("")
+    for g in run.groups:
+        title = f"{g.workload}, {setting(g)}"
+        lines += [f"### {name}: {title}", ""]
+        if g.note:
+            lines += [_cell(g.note), ""]
+        lines += [group_table(g), ""]
+    return "\n".join(lines)
+
+
+def page(runs: Sequence[tuple[str, records.Run]]) -> str:
+    """The whole page for (name, record) pairs, in the order given."""
+    parts = [_INTRO]
+    parts += [record_section(name, run) for name, run in runs]
+    return "\n".join(parts).rstrip("\n") + "\n"
+
+
+def read_records(directory: pathlib.Path) -> list[tuple[str, records.Run]]:
+    """Every `*.json` record of `directory`, by file name."""
+    paths = sorted(directory.glob("*.json"))
+    return [(p.stem, records.Run.read(p)) for p in paths]
+
+
+def write(
+    directory: pathlib.Path = RECORDS_DIR, output: pathlib.Path | None = None
+) -> pathlib.Path:
+    """Writes the page for `directory`'s records (default: index.md there)."""
+    output = output or directory / PAGE_NAME
+    output.write_text(page(read_records(directory)))
+    return output
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--records_dir",
+        type=pathlib.Path,
+        default=RECORDS_DIR,
+        help="folder of the benchmark's JSON records",
+    )
+    parser.add_argument(
+        "--output",
+        type=pathlib.Path,
+        default=None,
+        help=f"the page to write (default: RECORDS_DIR/{PAGE_NAME})",
+    )
+    args = parser.parse_args(argv)
+    print(f"wrote {write(args.records_dir, args.output)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,7 +26,7 @@ import pytest
 
 from benchmarks import candidates, records, targets, workloads
 from tf_crossdevice.compression import _codec as compression
-from tf_crossdevice.tuning import measure
+from tf_crossdevice.tuning import _candidates, _topology, measure
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -429,8 +429,6 @@ def _arguments(kwargs):
 def test_autotune_choices_get_the_benchmark_candidates_names(workers):
     """The session names autotune's choice with `candidates.name_of`: it
     must give the name of the candidate built with the same arguments."""
-    from tf_crossdevice.tuning import _autotune
-
     workload = workloads.resnet50()
     gradients = [(shape, "float32") for shape in workload.shapes]
     if workers == 1:
@@ -452,9 +450,9 @@ def test_autotune_choices_get_the_benchmark_candidates_names(workers):
         for c in listed
         if c.kind in classes
     }
-    topology = _autotune.Topology.of(devices)
+    topology = _topology.Topology.of(devices)
     matched = []
-    for config in _autotune.candidates(topology, gradients):
+    for config in _candidates.timed_candidates(topology, gradients):
         key = (config[0], _arguments(config[1]))
         if key in by_arguments:
             assert candidates.name_of(config) == by_arguments[key], config

@@ -18,7 +18,9 @@ from tf_crossdevice.cluster import processes as _processes
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 GRADIENTS = [[[3, 4], "float32"], [[50], "float32"], [[5], "int64"]]
 
 

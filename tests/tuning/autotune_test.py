@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import types
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,7 +13,15 @@ from absl import logging as absl_logging
 
 import tf_crossdevice
 from tf_crossdevice import testing
-from tf_crossdevice.tuning import _autotune, measure
+from tf_crossdevice.tuning import (
+    _autotune,
+    _cache,
+    _candidates,
+    _configs,
+    _topology,
+    cost_model,
+    measure,
+)
 
 # A few small tensors of two dtypes: cheap to trace, every packing applies.
 GRADIENTS = [
@@ -96,9 +105,7 @@ def test_second_call_reads_the_cache_and_builds_nothing(tmp_path, monkeypatch):
     (cache_file,) = tmp_path.glob("*.json")
     assert first.autotune_result.cache_file == str(cache_file)
     stored = json.loads(cache_file.read_text())
-    assert (
-        _autotune._from_json(stored["config"]) == first.autotune_result.config
-    )
+    assert _configs.from_json(stored["config"]) == first.autotune_result.config
     spy = PrepareSpy(monkeypatch)
     second = tf_crossdevice.autotune(
         GRADIENTS, devices, budget_seconds=BUDGET, cache_dir=tmp_path
@@ -111,22 +118,20 @@ def test_second_call_reads_the_cache_and_builds_nothing(tmp_path, monkeypatch):
 
 
 def test_the_cache_key_ignores_device_names_but_not_the_gradients(tmp_path):
-    two = _autotune.Topology.of(testing.cpu_devices(2))
-    other = _autotune.Topology.of(["/cpu:2", "/cpu:3"])
-    four = _autotune.Topology.of(testing.cpu_devices(4))
-    grads = _autotune.normalize_gradients(GRADIENTS)
-    key = _autotune.cache_file
+    two = _topology.Topology.of(testing.cpu_devices(2))
+    other = _topology.Topology.of(["/cpu:2", "/cpu:3"])
+    four = _topology.Topology.of(testing.cpu_devices(4))
+    grads = _topology.normalize_gradients(GRADIENTS)
+    key = _cache.cache_file
     assert key(two, grads, tmp_path) == key(other, grads, tmp_path)
     assert key(two, grads, tmp_path) != key(four, grads, tmp_path)
     assert key(two, grads, tmp_path) != key(two, grads[::-1], tmp_path)
 
 
 def test_a_keras_model_is_its_trainable_weights(tmp_path, monkeypatch):
-    import keras
-
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
     model.add(keras.layers.Dense(2, use_bias=False))
-    grads = _autotune.normalize_gradients(model)
+    grads = _topology.normalize_gradients(model)
     assert grads == [
         ((6, 3), "float32"),
         ((3,), "float32"),
@@ -169,9 +174,9 @@ def test_a_corrupt_cache_file_is_ignored_with_a_warning(
     text, why, tmp_path, monkeypatch
 ):
     devices = testing.cpu_devices(2)
-    topology = _autotune.Topology.of(devices)
-    grads = _autotune.normalize_gradients(GRADIENTS)
-    path = _autotune.cache_file(topology, grads, tmp_path)
+    topology = _topology.Topology.of(devices)
+    grads = _topology.normalize_gradients(GRADIENTS)
+    path = _cache.cache_file(topology, grads, tmp_path)
     path.write_text(text)
     warnings = []
     monkeypatch.setattr(
@@ -187,7 +192,7 @@ def test_a_corrupt_cache_file_is_ignored_with_a_warning(
     assert len(warnings) == 1 and str(path) in warnings[0]
     assert why in warnings[0]
     # Rewritten whole (atomically: no temporary file left behind).
-    assert json.loads(path.read_text())["format"] == _autotune.CACHE_FORMAT
+    assert json.loads(path.read_text())["format"] == _cache.CACHE_FORMAT
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     batch_sums_like_numpy(ops, devices)
 
@@ -196,18 +201,16 @@ def test_a_larger_budget_measures_again_when_candidates_were_left_out(
     tmp_path, monkeypatch
 ):
     devices = testing.cpu_devices(2)
-    topology = _autotune.Topology.of(devices)
-    grads = _autotune.normalize_gradients(GRADIENTS)
+    topology = _topology.Topology.of(devices)
+    grads = _topology.normalize_gradients(GRADIENTS)
     entry = {
-        "format": _autotune.CACHE_FORMAT,
+        "format": _cache.CACHE_FORMAT,
         "config": ["ReductionToOneDevice", {}],
         "label": "ReductionToOneDevice",
         "budget_seconds": 0.1,
         "complete": False,
     }
-    _autotune.write_cache(
-        _autotune.cache_file(topology, grads, tmp_path), entry
-    )
+    _cache.write_cache(_cache.cache_file(topology, grads, tmp_path), entry)
     spy = PrepareSpy(monkeypatch)
     ops = tf_crossdevice.autotune(
         GRADIENTS, devices, budget_seconds=0.1, cache_dir=tmp_path
@@ -219,44 +222,50 @@ def test_a_larger_budget_measures_again_when_candidates_were_left_out(
     assert spy.calls >= 1 and not ops.autotune_result.from_cache
 
 
-def test_candidates_follow_the_benchmark_when_nothing_is_predicted(
+def test_candidates_keep_their_order_when_nothing_is_predicted(
     monkeypatch,
 ):
     def predict(config, gradients, *, devices_per_worker, num_workers=1):
         raise ValueError(f"config: cannot model {config[0]}")
 
     monkeypatch.setattr(
-        _autotune, "cost_model", types.SimpleNamespace(predict=predict)
+        _candidates, "cost_model", types.SimpleNamespace(predict=predict)
     )
-    topology = _autotune.Topology.of(testing.cpu_devices(4))
+    topology = _topology.Topology.of(testing.cpu_devices(4))
     # One gradient above the aggregation limit (64 KiB): aggregating is not
     # the same as one pack.
-    grads = _autotune.normalize_gradients(GRADIENTS + [((20000,), "float32")])
-    plan = _autotune.ordered(
-        _autotune.candidates(topology, grads), topology, grads
+    grads = _topology.normalize_gradients(GRADIENTS + [((20000,), "float32")])
+    plan = _candidates.ordered(
+        _candidates.timed_candidates(topology, grads), topology, grads
     )
-    labels = [_autotune.label(c) for c, _ in plan]
+    labels = [_configs.label(c) for c, _ in plan]
     assert labels[0] == "SpecAllReduce pscpu agg_small=64KiBx1024"
     assert labels[-1] == "SpecAllReduce rechd"  # unpacked: slowest to trace
     assert all(p is None for _, p in plan)
     assert len(set(labels)) == len(labels)
     # One tensor: one pack or aggregation changes nothing (4 packs split).
-    one = _autotune.candidates(topology, [((8,), "float32")])
+    one = _candidates.timed_candidates(topology, [((8,), "float32")])
     assert {c[1].get("num_packs") for c in one} == {None, 0, 4}
     assert all(not c[1].get("agg_small_grads_max_bytes") for c in one)
 
 
 def test_aggregating_everything_into_one_group_is_left_to_num_packs_1():
-    topology = _autotune.Topology.of(testing.cpu_devices(2))
+    topology = _topology.Topology.of(testing.cpu_devices(2))
     small = [((1000,), "float32")] * 5  # 4 KB each, one group of 5
-    labels = {_autotune.label(c) for c in _autotune.candidates(topology, small)}
+    labels = {
+        _configs.label(c) for c in _candidates.timed_candidates(topology, small)
+    }
     assert "SpecAllReduce pscpu num_packs=1" in labels
     assert not any("agg_small" in name for name in labels)
     large = small + [((20000,), "float32")]  # 80 KB: not aggregated
-    labels = {_autotune.label(c) for c in _autotune.candidates(topology, large)}
+    labels = {
+        _configs.label(c) for c in _candidates.timed_candidates(topology, large)
+    }
     assert "SpecAllReduce pscpu agg_small=64KiBx1024" in labels
     many = [((10,), "float32")] * 1025  # more than one group of 1024
-    labels = {_autotune.label(c) for c in _autotune.candidates(topology, many)}
+    labels = {
+        _configs.label(c) for c in _candidates.timed_candidates(topology, many)
+    }
     assert "SpecAllReduce pscpu agg_small=64KiBx1024" in labels
 
 
@@ -272,11 +281,11 @@ def test_the_cost_model_orders_the_candidates(monkeypatch):
         return 1.0 if config[1].get("num_packs") == 1 else 2.0
 
     model = types.SimpleNamespace(predict=predict)
-    monkeypatch.setattr(_autotune, "cost_model", model)
-    topology = _autotune.Topology.of(testing.cpu_devices(4))
-    grads = _autotune.normalize_gradients(GRADIENTS)
-    plan = _autotune.ordered(
-        _autotune.candidates(topology, grads), topology, grads
+    monkeypatch.setattr(_candidates, "cost_model", model)
+    topology = _topology.Topology.of(testing.cpu_devices(4))
+    grads = _topology.normalize_gradients(GRADIENTS)
+    plan = _candidates.ordered(
+        _candidates.timed_candidates(topology, grads), topology, grads
     )
     predicted = [p for _, p in plan]
     assert predicted[-1] is None and plan[-1][0][0] == "ReductionToOneDevice"
@@ -289,12 +298,12 @@ def test_workers_get_multi_worker_candidates_each_also_compressed():
     devices = [
         f"/job:worker/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)
     ]
-    topology = _autotune.Topology.of(
+    topology = _topology.Topology.of(
         [tf_crossdevice.ops._base.canonical_device(d, "d") for d in devices]
     )
     assert (topology.num_workers, topology.devices_per_worker) == (2, (2, 2))
-    grads = _autotune.normalize_gradients(GRADIENTS)
-    configs = _autotune.candidates(topology, grads)
+    grads = _topology.normalize_gradients(GRADIENTS)
+    configs = _candidates.timed_candidates(topology, grads)
     assert {c[0] for c in configs} == {"MultiWorkerAllReduce"}
     plain = [c for c in configs if "compression" not in c[1]]
     specs = {c[1]["all_reduce_spec"] for c in plain}
@@ -304,20 +313,22 @@ def test_workers_get_multi_worker_candidates_each_also_compressed():
     for name, kwargs in compressed:  # each has its uncompressed twin
         twin = {k: v for k, v in kwargs.items() if k != "compression"}
         assert (name, twin) in plain
-    ints = _autotune.candidates(topology, [((4,), "int32"), ((4,), "int64")])
+    ints = _candidates.timed_candidates(
+        topology, [((4,), "int32"), ((4,), "int64")]
+    )
     assert not any("compression" in c[1] for c in ints)
 
 
 def test_make_ops_builds_each_class_and_refuses_unknown_ones():
-    topology = _autotune.Topology.of(testing.cpu_devices(2))
-    ops = _autotune.make_ops(
+    topology = _topology.Topology.of(testing.cpu_devices(2))
+    ops = _configs.make_ops(
         ("SpecAllReduce", {"all_reduce_spec": ["xring", 2, -1]}), topology
     )
     assert ops.all_reduce_spec[0].shards == 2
     with pytest.raises(ValueError, match="config: unknown class 'Ring'.*"):
-        _autotune.make_ops(("Ring", {}), topology)
+        _configs.make_ops(("Ring", {}), topology)
     with pytest.raises(TypeError, match="config: expected"):
-        _autotune.make_ops("xring", topology)
+        _configs.make_ops("xring", topology)
 
 
 def test_compressed_candidates_are_checked_within_the_codecs_rounding():
@@ -374,7 +385,7 @@ def test_bad_arguments_name_the_argument(kwargs, error, message, tmp_path):
         )
 
 
-# --- Confirmation among near-equal finalists (issue #15) -------------------
+# --- Confirmation among near-equal finalists -------------------------------
 
 
 def test_finalists_are_the_near_best_two_to_three_fastest_first():
@@ -482,9 +493,9 @@ def logged_autotune_of_three(tmp_path, monkeypatch):
     """autotune on 2 CPUs trying only the first three candidates (with a
     budget of 3 s all three are built, timed and confirmed even on a busy
     machine): (the ops, its absl INFO lines, the devices)."""
-    candidates = _autotune.candidates
+    candidates = _candidates.timed_candidates
     monkeypatch.setattr(
-        _autotune, "candidates", lambda t, g: candidates(t, g)[:3]
+        _candidates, "timed_candidates", lambda t, g: candidates(t, g)[:3]
     )
     lines = []
     monkeypatch.setattr(
@@ -545,28 +556,30 @@ def test_a_cache_of_another_candidate_list_is_measured_again(
     tmp_path, monkeypatch
 ):
     devices = testing.cpu_devices(2)
-    topology = _autotune.Topology.of(devices)
-    grads = _autotune.normalize_gradients(GRADIENTS)
-    current = _autotune.candidates(topology, grads)
+    topology = _topology.Topology.of(devices)
+    grads = _topology.normalize_gradients(GRADIENTS)
+    current = _candidates.timed_candidates(topology, grads)
     old = [c for c in current if c[0] == "ReductionToOneDevice"]
-    monkeypatch.setattr(_autotune, "candidates", lambda t, g: list(old))
-    old_path = _autotune.cache_file(topology, grads, tmp_path)
+    monkeypatch.setattr(_candidates, "timed_candidates", lambda t, g: list(old))
+    old_path = _cache.cache_file(topology, grads, tmp_path)
     entry = {
-        "format": _autotune.CACHE_FORMAT,
+        "format": _cache.CACHE_FORMAT,
         "config": ["ReductionToOneDevice", {}],
         "label": "ReductionToOneDevice",
         "budget_seconds": 100.0,
         "complete": True,
     }
-    _autotune.write_cache(old_path, entry)
+    _cache.write_cache(old_path, entry)
     spy = PrepareSpy(monkeypatch)
     ops = tf_crossdevice.autotune(
         GRADIENTS, devices, budget_seconds=0.5, cache_dir=tmp_path
     )
     assert spy.calls == 0 and ops.autotune_result.from_cache
     # Today's list: another file, measured again.
-    monkeypatch.setattr(_autotune, "candidates", lambda t, g: list(current))
-    new_path = _autotune.cache_file(topology, grads, tmp_path)
+    monkeypatch.setattr(
+        _candidates, "timed_candidates", lambda t, g: list(current)
+    )
+    new_path = _cache.cache_file(topology, grads, tmp_path)
     assert new_path != old_path
     ops = tf_crossdevice.autotune(
         GRADIENTS, devices, budget_seconds=0.5, cache_dir=tmp_path
@@ -582,8 +595,8 @@ def test_cached_records_without_the_newer_fields_are_read(
     """An entry written before `confirmation_rounds` existed (and one with
     a field this version does not know) still reads."""
     devices = testing.cpu_devices(2)
-    topology = _autotune.Topology.of(devices)
-    grads = _autotune.normalize_gradients(GRADIENTS)
+    topology = _topology.Topology.of(devices)
+    grads = _topology.normalize_gradients(GRADIENTS)
     record = {
         "label": "ReductionToOneDevice",
         "config": ["ReductionToOneDevice", {}],
@@ -594,15 +607,15 @@ def test_cached_records_without_the_newer_fields_are_read(
         "median_seconds": 0.003,
     }
     entry = {
-        "format": _autotune.CACHE_FORMAT,
+        "format": _cache.CACHE_FORMAT,
         "config": ["ReductionToOneDevice", {}],
         "label": "ReductionToOneDevice",
         "budget_seconds": 10.0,
         "complete": True,
         "measurements": [record, record | {"from_the_future": 1}],
     }
-    path = _autotune.cache_file(topology, grads, tmp_path)
-    _autotune.write_cache(path, entry)
+    path = _cache.cache_file(topology, grads, tmp_path)
+    _cache.write_cache(path, entry)
     spy = PrepareSpy(monkeypatch)
     ops = tf_crossdevice.autotune(
         GRADIENTS, devices, budget_seconds=1, cache_dir=tmp_path
@@ -631,15 +644,13 @@ def test_the_cost_model_prices_every_candidate(devices):
     """The two lists differ on purpose (the model ranks many cheaply,
     autotune builds a few), but speak one config language: the model
     orders every autotune candidate, none falls to the unpredicted tail."""
-    from tf_crossdevice.tuning import cost_model
-
-    topology = _autotune.Topology.of(devices)
-    grads = _autotune.normalize_gradients(GRADIENTS)
-    for config in _autotune.candidates(topology, grads):
+    topology = _topology.Topology.of(devices)
+    grads = _topology.normalize_gradients(GRADIENTS)
+    for config in _candidates.timed_candidates(topology, grads):
         seconds = cost_model.predict(
             config,
             grads,
             devices_per_worker=topology.local_devices,
             num_workers=topology.num_workers,
         )
-        assert seconds > 0, _autotune.label(config)
+        assert seconds > 0, _configs.label(config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -417,8 +418,6 @@ def test_predict_names_the_bad_argument(config, kwargs, argument):
 
 
 def _escape(text):
-    import re
-
     return re.escape(text)
 
 

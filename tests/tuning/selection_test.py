@@ -5,15 +5,17 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl import logging as absl_logging
 
 import tf_crossdevice
 from tf_crossdevice.ops import _links as topology
+from tf_crossdevice.tuning import _cache, _selection, _topology
 
 GPUS = [f"/gpu:{i}" for i in range(8)]
 
 
 def test_cpu_devices_get_a_packed_configuration():
-    """The benchmark's best on CPUs packs small tensors (issue #12)."""
+    """On CPUs the default packs small tensors."""
     devices = tf_crossdevice.testing.cpu_devices(4)
     ops = tf_crossdevice.select_cross_device_ops(devices)
     assert type(ops) is tf_crossdevice.SpecAllReduce
@@ -105,18 +107,16 @@ GRADIENTS = [((10, 10), "float32"), ((10,), "float32")]
 
 
 def cache_choice(tmp_path, devices, config, label="cached"):
-    from tf_crossdevice.tuning import _autotune
-
     canonical = [
         tf_crossdevice.ops._base.canonical_device(d, "d") for d in devices
     ]
-    where = _autotune.Topology.of(canonical)
-    grads = _autotune.normalize_gradients(GRADIENTS)
-    path = _autotune.cache_file(where, grads, tmp_path)
-    _autotune.write_cache(
+    where = _topology.Topology.of(canonical)
+    grads = _topology.normalize_gradients(GRADIENTS)
+    path = _cache.cache_file(where, grads, tmp_path)
+    _cache.write_cache(
         path,
         {
-            "format": _autotune.CACHE_FORMAT,
+            "format": _cache.CACHE_FORMAT,
             "config": list(config),
             "label": label,
             "budget_seconds": 1.0,
@@ -129,7 +129,6 @@ def cache_choice(tmp_path, devices, config, label="cached"):
 def fixed_cost_model(monkeypatch):
     """A cost model that recommends SpecAllReduce("rechd#3") for anything:
     a choice none of the rules makes."""
-    from tf_crossdevice.tuning import _selection
 
     def recommend(gradients, *, num_workers, devices_per_worker=1):
         return ("SpecAllReduce", {"all_reduce_spec": "rechd#3"}), 0.001
@@ -160,8 +159,6 @@ def test_a_cached_autotune_choice_wins(tmp_path, monkeypatch):
 def test_the_cache_wins_over_the_cost_model_which_wins_over_rules(
     tmp_path, monkeypatch
 ):
-    from tf_crossdevice.tuning import _selection
-
     asked = []
 
     def recommend(gradients, *, num_workers, devices_per_worker=1):
@@ -214,8 +211,6 @@ def test_a_cached_multi_worker_choice_gets_the_devices_workers(
 def test_a_corrupt_cached_choice_falls_back_with_a_warning(
     tmp_path, monkeypatch
 ):
-    from absl import logging as absl_logging
-
     fixed_cost_model(monkeypatch)
     warnings = []
     monkeypatch.setattr(

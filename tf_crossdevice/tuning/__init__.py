@@ -1,8 +1,11 @@
 """Choosing a CrossDeviceOps: candidates, measuring, autotune, cost model.
 
 `measure` times all-reduce steps against numpy-checked inputs;
-`_autotune` searches the candidates on the real devices; `cost_model`
-predicts from link constants; `_selection` picks from devices and links.
+`cost_model` predicts from link constants. Autotune is built from
+`_topology` (where the replicas are, what is reduced), `_configs` (the one
+`(class name, kwargs)` codec and `make_ops`), `_candidates` (what is worth
+timing), `_cache` and `_results`; `_autotune` is the search itself, and
+`_selection` picks from a cached choice, the cost model or the device rule.
 
 May import: everything below it (`_core`, `compression`, `packing`,
 `algorithms`, `ops`, `collective`, `cluster`).

@@ -12,7 +12,10 @@ from tf_crossdevice._core import checks
 from tf_crossdevice.ops import _base
 from tf_crossdevice.ops import _links as topology
 from tf_crossdevice.ops._default import default_cross_device_ops
-from tf_crossdevice.tuning import _autotune, cost_model
+from tf_crossdevice.tuning import cost_model
+from tf_crossdevice.tuning._cache import cache_file, read_cache
+from tf_crossdevice.tuning._configs import label, make_ops
+from tf_crossdevice.tuning._topology import Topology, normalize_gradients
 
 
 def select_cross_device_ops(
@@ -37,14 +40,12 @@ def select_cross_device_ops(
     - Any device that is not a GPU: `SpecAllReduce("pscpu",
       agg_small_grads_max_bytes=64 KiB, agg_small_grads_max_group=1024)`:
       small tensors packed into groups, each summed in shards on the CPU.
-      The benchmark (docs/benchmark/sp.txt and results.md, 2-core machine,
-      TF 2.21) measured it fastest or within 5% of the fastest of ours on
-      ResNet-50's and BERT-base's gradients and 1000 small tensors at 2 and
-      8 logical CPUs. On 1000 small tensors at 4 CPUs: 3.6 ms in the
-      first-pass rounds, where unpacked hierarchical copy took 28 ms, and
-      4.4 ms against TensorFlow's ReductionToOneDevice's 32 ms in the
-      confirmation rounds. At 4 CPUs on ResNet-50
-      hierarchical copy with the same packing was faster.
+      On CPU devices every tensor costs a few ops on every device whatever
+      its size, so reducing many small gradients one by one is dominated by
+      that per-op cost; packing them into a few groups removes most of it,
+      and summing each group in shards spreads the work over the devices.
+      It is a safe default, not always the best: on some models another
+      algorithm with the same packing is faster, which `autotune` finds.
     - GPUs whose links form a DGX-1-like hybrid cube-mesh (8 GPUs, each
       linked to the three others of its quad and to its peer in the other
       quad): `HierarchicalCopyAllReduce(num_packs=8)`.
@@ -94,17 +95,17 @@ def _from_gradients(
     devices: list[str], gradients: Any, cache_dir: Any
 ) -> tf.distribute.CrossDeviceOps | None:
     """autotune's cached choice, else the cost model's; None: neither."""
-    grads = _autotune.normalize_gradients(gradients)
-    where = _autotune.Topology.of(devices)
-    path = _autotune.cache_file(where, grads, cache_dir)
-    entry = _autotune.read_cache(path, where)
+    grads = normalize_gradients(gradients)
+    where = Topology.of(devices)
+    path = cache_file(where, grads, cache_dir)
+    entry = read_cache(path, where)
     if entry is not None:
         logging.info(
             "select_cross_device_ops: autotune's %s (cached in %s)",
             entry["label"],
             path,
         )
-        return _autotune.make_ops(entry["config"], where)
+        return make_ops(entry["config"], where)
     config, seconds = cost_model.recommend(
         grads,
         num_workers=where.num_workers,
@@ -112,7 +113,7 @@ def _from_gradients(
     )
     logging.info(
         "select_cross_device_ops: the cost model's %s (%.3g ms predicted)",
-        _autotune.label(config),
+        label(config),
         seconds * 1e3,
     )
-    return _autotune.make_ops(config, where)
+    return make_ops(config, where)

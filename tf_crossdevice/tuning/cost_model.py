@@ -40,9 +40,9 @@ cost per all-reduce step. The counts come from
 - two-level 'inner/outer': the inner algorithm on each worker's devices,
   the outer across one device per worker, then `k-1` copies back.
 - packing changes how many all-reduces run and how large they are
-  (`_schedules.packing` plans, `_schedules.collective_packing` for the
-  collectives) and adds concat/split ops and copies on every device;
-  spec ranges pick each pack's algorithm by its bytes.
+  (`tf_crossdevice.packing` plans the packs, the collectives' too) and adds
+  concat/split ops and copies on every device; spec ranges pick each pack's
+  algorithm by its bytes.
 - compression ('bf16', 'fp16') halves float32 wire bytes (quarters
   float64), and costs a cast at each end of every message, priced like a
   sum; 'fp16' adds a scale (two more ops). The collectives compress only
@@ -82,6 +82,27 @@ from tf_crossdevice.packing import _collective_plan as collective_packing
 from tf_crossdevice.packing import _plan as packing_lib
 from tf_crossdevice.tuning import _traffic as traffic
 from tf_crossdevice.tuning._traffic import Traffic
+
+__all__ = [
+    "ALGORITHMS",
+    "COMPRESSIBLE",
+    "COMPRESSIONS",
+    "CONFIG_NAMES",
+    "Config",
+    "Constants",
+    "DEFAULT_CONSTANTS",
+    "FIELDS",
+    "Gradients",
+    "ITEMSIZE",
+    "Measurement",
+    "candidates",
+    "features",
+    "fit",
+    "nnls",
+    "predict",
+    "recommend",
+    "traffic_of",
+]
 
 # The builder registry's names (tf_crossdevice.algorithms._registry, which
 # imports TensorFlow; tests check the two agree).
@@ -342,7 +363,7 @@ class _Pack(NamedTuple):
 def _plan_packs(
     tensors: list[_Tensor], kwargs: Mapping[str, Any]
 ) -> tuple[list[_Pack], list[tuple[list[float], int]]]:
-    """The packs of the graph builders' packers (`_schedules.packing`), and
+    """The packs of the graph builders' packers (`tf_crossdevice.packing`), and
     each concatenating group's member bytes and pack count."""
     scheme = packing_lib.packing_scheme(
         num_packs=kwargs["num_packs"],
@@ -729,6 +750,14 @@ _BYTES_PER_PACK = (0, 4 << 20, 32 << 20)
 def candidates(num_workers: int, devices_per_worker: int) -> list[Config]:
     """The configurations `recommend` compares (no compression: it
     changes the numbers, so the caller opts in).
+
+    A broad grid, since pricing one costs nothing: every algorithm at 1 to
+    8 shards with every packing, spec ranges across workers and the
+    between-graph collectives. autotune's list (`timed_candidates` in
+    `tf_crossdevice.tuning._candidates`) is another on purpose: it builds
+    and times each entry on the devices within a budget, so it keeps a few
+    likely ones that one client can time, and adapts to the device type
+    and the gradients.
 
     >>> len(candidates(1, 4)) > 10
     True

@@ -37,6 +37,32 @@ from tf_crossdevice._core import tf_internal
 from tf_crossdevice.compression import _codec as compression_lib
 from tf_crossdevice.ops import _base
 
+__all__ = [
+    "Check",
+    "Gradients",
+    "Inputs",
+    "Prepared",
+    "Results",
+    "Step",
+    "TimeFn",
+    "Timing",
+    "all_reduce_body",
+    "canonical",
+    "first_line",
+    "interleaved_rounds",
+    "measure",
+    "measure_cross_device_ops",
+    "mismatch",
+    "mismatch_beyond",
+    "prepare",
+    "read_on",
+    "replica_seed",
+    "reps_for",
+    "sink",
+    "time_calls",
+    "timer",
+]
+
 # (shape, dtype) of each gradient of one replica.
 Gradients: TypeAlias = Sequence[tuple[Sequence[int], Any]]
 Results: TypeAlias = list[list[Any]]  # results[k][d]: value k on replica d

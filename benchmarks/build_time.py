@@ -3,8 +3,8 @@
 For every single-process algorithm x packing setting, traces one
 all-reduce of a workload's gradients in a `tf.function` (trace), runs it
 once (first step: placement, Grappler, the run) and checks the sums against
-numpy (not timed). Prints one row per configuration and whether the limits
-of issue #15 are met (`LIMITS`: trace + first step under 10 s for
+numpy (not timed). Prints one row per configuration and whether the
+build-time limits are met (`LIMITS`: trace + first step under 10 s for
 ResNet-50's 214 gradients and under 30 s for 1000 small ones, at 8
 devices).
 

@@ -32,7 +32,8 @@ from benchmarks import workloads as workloads_lib
 from benchmarks.candidates import Candidate
 from tf_crossdevice.tuning import cost_model
 
-TOLERANCE = 0.25  # the target: within 25% of the measured time
+# Within 25% of the measured time: close enough to rank the candidates.
+TOLERANCE = 0.25
 
 
 def workload_named(name: str) -> workloads_lib.Workload:

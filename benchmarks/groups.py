@@ -27,8 +27,7 @@ from typing import Any
 from benchmarks import candidates as candidates_lib
 from benchmarks import records, roofline, sessions, targets
 from benchmarks import workloads as workloads_lib
-from tf_crossdevice import launch
-from tf_crossdevice.cluster import _local as cluster
+from tf_crossdevice import cluster, launch
 from tf_crossdevice.cluster import processes as _processes
 from tf_crossdevice.tuning import measure
 

@@ -38,9 +38,9 @@ from absl import app, flags
 
 from benchmarks import candidates as candidates_lib
 from benchmarks import roofline
+from tf_crossdevice import compression as compression_lib
 from tf_crossdevice import testing
 from tf_crossdevice.cluster import processes as _processes
-from tf_crossdevice.compression import _codec as compression_lib
 from tf_crossdevice.tuning import measure
 
 INPUTS_BASELINE = "baseline: inputs only"
@@ -166,9 +166,9 @@ class InGraph(Session):
         # One replica per worker across a cluster; else one process.
         self.num_workers = len(setup.get("cluster", {}).get("worker", [0]))
         if "cluster" in setup:
-            from tf_crossdevice.cluster import _in_graph as multi_worker
+            from tf_crossdevice import cluster
 
-            self.devices = multi_worker.WorkerReplicas(
+            self.devices = cluster.WorkerReplicas(
                 setup["cluster"], replicas_per_worker=1
             ).devices
         else:

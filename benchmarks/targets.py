@@ -1,4 +1,4 @@
-"""This project's targets (issue #12's ratios, quoted in README).
+"""This project's performance targets (the ratios README quotes).
 
 They are the study's business, not the library's: each compares our best
 with a TensorFlow reference or the roofline, measured in the same run.
@@ -26,17 +26,18 @@ TARGETS = {
     ],
     ("resnet50", "multi_worker"): [("TF MWMS default", 1.5)],
 }
-# Issue #13: across workers with local devices, (workload, workers, local
-# devices) -> [(ours: the best whose name starts so, threshold)] against
-# MultiWorkerMirroredStrategy's best (default or a bytes_per_pack).
+# Across workers with local devices, reducing inside each worker first must
+# pay for its extra step: (workload, workers, local devices) -> [(ours: the
+# best whose name starts so, threshold)] against MultiWorkerMirroredStrategy's
+# best (default or a bytes_per_pack).
 HIERARCHICAL = "ours HierarchicalCollectiveAllReduce"
 FLAT = "ours CollectiveAllReduce"
 MWMS = "TF MWMS"
 LOCAL_TARGETS = {("resnet50", 2, 2): [(HIERARCHICAL, 1.5)]}
-# Issue #15: wire compression across worker processes (one device each).
-# workload -> (workers counted, the fastest bf16 candidate over the same
-# configuration uncompressed), and (workers, ours best as a fraction of the
-# TCP loopback roofline).
+# Wire compression across worker processes (one device each) must win back
+# more than its codec costs: workload -> (workers counted, the fastest bf16
+# candidate over the same configuration uncompressed), and (workers, ours
+# best as a fraction of the TCP loopback roofline).
 BF16 = " compression=bf16"
 COMPRESSION_TARGETS = {"resnet50": ((2, 3), 1.6)}
 LOOPBACK_TARGETS = {"resnet50": (2, 0.5)}
@@ -81,7 +82,7 @@ def _fastest_bf16(group: Group) -> str | None:
 def _compression_entries(group: Group) -> list[str]:
     """The fastest bf16 candidate, the same one uncompressed, TF's gRPC
     copy of the bytes and the sum-and-copy-back bound, each in float32 and
-    in bfloat16 (#15)."""
+    in bfloat16: what the compression targets compare."""
     bf16 = _fastest_bf16(group)
     if bf16 is None:
         return []
@@ -179,7 +180,7 @@ def _local_target(
 
 
 def _compression_targets(g: Group, base: str) -> list[Target]:
-    """Issue #15's targets for one multi-worker group (one device each)."""
+    """The compression targets for one multi-worker group (one device each)."""
     out = []
     workers, threshold = COMPRESSION_TARGETS.get(base, ((), 0.0))
     bf16 = _fastest_bf16(g)
@@ -240,8 +241,8 @@ def line(target: Target) -> str:
     return f"{text} - {target.note}" if target.note else text
 
 
-# Issue #15: autotune's choice within 10% of the fastest candidate of the
-# same run (ratio >= 1/1.1), found within its budget.
+# autotune is worth its search only if it finds, within its budget, a choice
+# within 10% of the fastest candidate of the same run (ratio >= 1/1.1).
 AUTOTUNE = "autotune"
 AUTOTUNE_WITHIN = 1 / 1.1
 
@@ -324,7 +325,8 @@ def _chosen_candidate(g: Group, entry: Result | None) -> str | None:
     return None
 
 
-# Issue #15: trace + first step of one all-reduce of a workload's gradients
-# at 8 devices, every algorithm x packing (`python -m benchmarks.build_time`),
+# Every job pays the graph build before its first step, so it must stay
+# short: trace + first step of one all-reduce of a workload's gradients at 8
+# devices, every algorithm x packing (`python -m benchmarks.build_time`),
 # under this many seconds.
 BUILD_SECONDS = {"resnet50": 10.0, "many_small": 30.0}

@@ -17,7 +17,6 @@ from typing import Any
 import tensorflow as tf
 
 import tf_crossdevice
-from tf_crossdevice._core import checks
 
 from ._arguments import LegacyArguments
 
@@ -177,7 +176,9 @@ def mirrored_strategy(
         cross_tower_ops: the `cross_device_ops` of TF 2's strategy.
 
     Raises:
-        ValueError: both `devices` and `num_gpus` are given.
+        TypeError: `num_gpus` is not an int.
+        ValueError: both `devices` and `num_gpus` are given, or `num_gpus`
+            is negative.
 
     >>> strategy = mirrored_strategy(
     ...     ["/cpu:0", "/cpu:1"], cross_tower_ops=ReductionToOneDevice())
@@ -190,8 +191,14 @@ def mirrored_strategy(
             f"{list(devices)!r} and num_gpus={num_gpus!r})"
         )
     if num_gpus is not None:
-        num_gpus = checks.non_negative_int(num_gpus, "num_gpus")
-        devices = [f"/gpu:{i}" for i in range(num_gpus)] or ["/cpu:0"]
+        # range() refuses what is not an int, as TF 1's strategy did; TF 1
+        # failed on a negative count with an assertion, this names it.
+        gpus = [f"/gpu:{i}" for i in range(num_gpus)]
+        if num_gpus < 0:
+            raise ValueError(
+                f"num_gpus: expected 0 or more GPUs, got {num_gpus!r}"
+            )
+        devices = gpus or ["/cpu:0"]
     if cross_tower_ops is not None and not isinstance(
         cross_tower_ops, tf.distribute.CrossDeviceOps
     ):

@@ -13,16 +13,19 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice._core import checks
-from tf_crossdevice.packing import _pack as _packing
+from tf_crossdevice import packing
 
 GradsAndVars = Sequence[Sequence[tuple[Any, Any]]]
 
 
 class _Packer:
     def __init__(self, **plan: int) -> None:
+        # Planning for no tensors checks the arguments when the packer is
+        # made, as TF 1's did, by the rules the CrossDeviceOps classes apply
+        # to the same arguments.
+        packing.make_packer([], **plan)
         self._plan = plan
-        self._packer: _packing.Packer | None = None
+        self._packer: packing.Packer | None = None
         self._grouped: list[list[tuple[Any, Any]]] = []
 
     def pack(self, grouped_grads_and_vars: GradsAndVars) -> list[Any]:
@@ -33,7 +36,7 @@ class _Packer:
                 "grouped_grads_and_vars: expected one non-empty list of "
                 "(gradient, variable) pairs per device"
             )
-        self._packer = _packing.make_packer(
+        self._packer = packing.make_packer(
             [g for g, _ in self._grouped[0]], **self._plan
         )
         packed = []
@@ -62,32 +65,47 @@ class _Packer:
 class ConcatAndSplitPacker(_Packer):
     """TF 1's packer: concatenates the tensors and splits them in `num_packs`.
 
-    >>> grads = [[(tf.ones([2, 3]), "w"), (tf.ones([4]), "b")]]
-    >>> packer = ConcatAndSplitPacker(num_packs=2)
-    >>> [p.shape.as_list() for p, _ in packer.pack(grads)[0]]
-    [[5], [5]]
-    >>> unpacked = packer.unpack(packer.pack(grads))
-    >>> [(g.shape.as_list(), v) for g, v in unpacked[0]]
-    [([2, 3], 'w'), ([4], 'b')]
+    Like TF 1's, it refuses `num_packs` below 1 (the CrossDeviceOps
+    classes' `num_packs=0`, no packing, has no counterpart here).
+
+        >>> grads = [[(tf.ones([2, 3]), "w"), (tf.ones([4]), "b")]]
+        >>> packer = ConcatAndSplitPacker(num_packs=2)
+        >>> [p.shape.as_list() for p, _ in packer.pack(grads)[0]]
+        [[5], [5]]
+        >>> unpacked = packer.unpack(packer.pack(grads))
+        >>> [(g.shape.as_list(), v) for g, v in unpacked[0]]
+        [([2, 3], 'w'), ([4], 'b')]
     """
 
     def __init__(self, num_packs: int = 1) -> None:
-        self.num_packs = checks.positive_int(num_packs, "num_packs")
+        if (
+            isinstance(num_packs, bool)
+            or not isinstance(num_packs, int)
+            or num_packs < 1
+        ):
+            raise ValueError(
+                "num_packs: expected an integer of at least 1 (TF 1's "
+                f"ConcatAndSplitPacker refused fewer), got {num_packs!r}"
+            )
         super().__init__(
             num_packs=num_packs,
             agg_small_grads_max_bytes=0,
             agg_small_grads_max_group=1,
         )
+        self.num_packs = num_packs
 
 
 class AggregateSmallTensorPacker(_Packer):
     """TF 1's packer: concatenates small tensors, up to a group size.
 
-    >>> grads = [[(tf.ones([2]), "a"), (tf.ones([100]), "b"),
-    ...           (tf.ones([3]), "c")]]
-    >>> packer = AggregateSmallTensorPacker(agg_small_grads_max_bytes=20)
-    >>> len(packer.pack(grads)[0])
-    2
+    `agg_small_grads_max_bytes=0` packs nothing, as the CrossDeviceOps
+    classes' `agg_small_grads_max_bytes=0`.
+
+        >>> grads = [[(tf.ones([2]), "a"), (tf.ones([100]), "b"),
+        ...           (tf.ones([3]), "c")]]
+        >>> packer = AggregateSmallTensorPacker(agg_small_grads_max_bytes=20)
+        >>> len(packer.pack(grads)[0])
+        2
     """
 
     def __init__(
@@ -95,14 +113,10 @@ class AggregateSmallTensorPacker(_Packer):
         agg_small_grads_max_bytes: int = 1048576,
         agg_small_grads_max_group: int = 16,
     ) -> None:
-        self.agg_small_grads_max_bytes = checks.positive_int(
-            agg_small_grads_max_bytes, "agg_small_grads_max_bytes"
-        )
-        self.agg_small_grads_max_group = checks.positive_int(
-            agg_small_grads_max_group, "agg_small_grads_max_group"
-        )
         super().__init__(
             num_packs=0,
             agg_small_grads_max_bytes=agg_small_grads_max_bytes,
             agg_small_grads_max_group=agg_small_grads_max_group,
         )
+        self.agg_small_grads_max_bytes = agg_small_grads_max_bytes
+        self.agg_small_grads_max_group = agg_small_grads_max_group

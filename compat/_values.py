@@ -12,9 +12,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice import testing
-from tf_crossdevice._core import tf_internal
-from tf_crossdevice.ops import _base
+from tf_crossdevice import ops, testing
 
 
 def _placed(index: Any, argument: str) -> tuple[Any, ...]:
@@ -23,7 +21,7 @@ def _placed(index: Any, argument: str) -> tuple[Any, ...]:
             f"{argument}: expected a non-empty {{device: value}} dict, got "
             f"{index!r}"
         )
-    devices = [_base.canonical_device(d, argument) for d in index]
+    devices = ops.resolve_destinations(list(index), (), argument)
     return testing.per_replica(list(index.values()), devices).values
 
 
@@ -35,7 +33,7 @@ def per_device(index: Mapping[str, Any]) -> Any:
     >>> [v.device[-5:] for v in value.values]
     ['CPU:0', 'CPU:1']
     """
-    return tf_internal.PerReplica(_placed(index, "index"))
+    return ops.PerReplica(_placed(index, "index"))
 
 
 def mirrored(index: Mapping[str, Any]) -> Any:
@@ -46,7 +44,7 @@ def mirrored(index: Mapping[str, Any]) -> Any:
     >>> type(value).__name__
     'Mirrored'
     """
-    return tf_internal.Mirrored(_placed(index, "index"))
+    return ops.Mirrored(_placed(index, "index"))
 
 
 def check_destinations(destinations: Any) -> bool:
@@ -74,7 +72,7 @@ def validate_destinations(destinations: Any) -> None:
     if not isinstance(
         destinations,
         (
-            tf_internal.DistributedValues,
+            tf.distribute.DistributedValues,
             tf.Variable,
             tf.Tensor,
             str,
@@ -101,4 +99,4 @@ def get_devices_from(destinations: Any) -> list[str]:
 '/job:localhost/replica:0/task:0/device:CPU:1']
     """
     validate_destinations(destinations)
-    return list(_base.resolve_destinations(destinations, ()))
+    return list(ops.resolve_destinations(destinations, ()))

@@ -33,6 +33,16 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from . import _rewrite
 
+__all__ = [
+    "NEEDS_LIBCST",
+    "PROG",
+    "FileUpgrade",
+    "main",
+    "python_files",
+    "upgrade_code",
+    "upgrade_file",
+]
+
 PROG = "python -m tf_crossdevice.compat.upgrade"
 NEEDS_LIBCST = f"{PROG} needs libcst: pip install 'tf_crossdevice[upgrade]'"
 # Folders a project walk never wants: environments, VCS data, caches, Bazel.

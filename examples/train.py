@@ -227,10 +227,10 @@ def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
     import train_loops
 
     import tf_crossdevice
-    from tf_crossdevice.cluster import _in_graph as multi_worker
+    from tf_crossdevice import cluster as cluster_lib
 
     device_type = "GPU" if has_gpus() else "CPU"
-    replicas = multi_worker.WorkerReplicas(
+    replicas = cluster_lib.WorkerReplicas(
         cluster,
         replicas_per_worker=v.devices_per_worker,
         device_type=device_type,
@@ -308,7 +308,7 @@ def launch_collective(v: Any) -> int:
 
 def launch_in_graph(v: Any) -> int:
     """Starts local worker servers and drives them from this process."""
-    from tf_crossdevice.cluster import _local as cluster_lib
+    from tf_crossdevice import cluster as cluster_lib
 
     start = time.perf_counter()
     with cluster_lib.start_local_cluster(

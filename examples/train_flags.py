@@ -324,10 +324,11 @@ def class_of(v: dict[str, Any]) -> str:
 
 def spec_algorithms(spec: str) -> list[str]:
     """The single-level algorithm names of a valid spec."""
-    from tf_crossdevice.algorithms import _registry as registry
-    from tf_crossdevice.algorithms import _spec as spec_lib
+    from tf_crossdevice import algorithms
 
-    parsed = spec_lib.parse_all_reduce_spec(spec, registry.algorithm_names())
+    parsed = algorithms.parse_all_reduce_spec(
+        spec, algorithms.algorithm_names()
+    )
     return [name for r in parsed for name in r.alg.split("/")]
 
 

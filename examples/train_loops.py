@@ -302,7 +302,7 @@ def train_in_graph(
     """The controller's loop; returns the closing summary.
 
     Args:
-        replicas: a `tf_crossdevice.multi_worker.WorkerReplicas`.
+        replicas: a `tf_crossdevice.cluster.WorkerReplicas`.
         ops: the cross-device ops that average the gradients.
     """
     global_batch = config.batch_size

@@ -11,10 +11,13 @@ classes), `collective` (between-graph classes and the strategy), `cluster`
 Each folder's docstring says what it may import; `.importlinter` checks it.
 """
 
-from tf_crossdevice._core.requirements import __version__ as __version__
-from tf_crossdevice._core.requirements import require_tensorflow
+from tf_crossdevice._core import requirements as _requirements
 
-require_tensorflow()
+__version__ = _requirements.__version__
+
+# Before any module imports TensorFlow, so that a missing or wrong one fails
+# here, saying what to install.
+_requirements.require_tensorflow()
 
 from tf_crossdevice import testing  # noqa: E402
 from tf_crossdevice.collective import CollectiveAllReduce  # noqa: E402

@@ -30,6 +30,11 @@ from absl import app, flags
 from tf_crossdevice._core import checks
 from tf_crossdevice.cluster import processes as _processes
 
+__all__ = [
+    "run_local_job",
+    "tf_config_envs",
+]
+
 _POLL_SECONDS = 0.05
 
 

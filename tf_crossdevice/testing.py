@@ -23,6 +23,12 @@ import tensorflow as tf
 
 from tf_crossdevice._core import checks, tf_internal
 
+__all__ = [
+    "cpu_devices",
+    "per_replica",
+    "request_cpu_devices",
+]
+
 
 def request_cpu_devices(n: int) -> None:
     """Splits the host CPU into `n` logical CPU devices.

@@ -526,3 +526,11 @@ def test_destination_helpers():
         validate(3)
     assert get(["/cpu:1", "/cpu:0"]) == [cpu(1), cpu(0)]
     assert get(per_device_value()) == [cpu(0), cpu(1)]
+
+
+@pytest.mark.parametrize("num_packs", [0, -1, 1.5, True])
+def test_concat_and_split_packer_refuses_fewer_than_one_pack(num_packs):
+    # TF 1's ConcatAndSplitPacker raised here; num_packs=0 means "no packing"
+    # only on the CrossDeviceOps classes.
+    with pytest.raises(ValueError, match=r"^num_packs: expected an integer"):
+        legacy("ConcatAndSplitPacker")(num_packs)

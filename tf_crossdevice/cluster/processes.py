@@ -57,6 +57,21 @@ from typing import IO, Any
 import portpicker
 import psutil
 
+__all__ = [
+    "Child",
+    "ChildError",
+    "MARK",
+    "PARENT_PID_ENV",
+    "STOP_GRACE_SECONDS",
+    "child_env",
+    "commands",
+    "exit_when_parent_goes",
+    "free_ports",
+    "reply",
+    "start_module",
+    "stop_all",
+]
+
 MARK = "@@tf_crossdevice "
 # Set by `child_env` to the launcher's pid; read by `exit_when_parent_goes`.
 PARENT_PID_ENV = "TF_CROSSDEVICE_PARENT_PID"

@@ -6,6 +6,7 @@ May import: `_core`.
 from tf_crossdevice.compression._codec import (
     COMPRESSIONS,
     compresses,
+    gather_compression_pays,
     sum_tolerance,
 )
 

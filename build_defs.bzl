@@ -15,8 +15,8 @@ def pytest_tests(deps, slow = [], multiprocess = [], long = [], data = {}):
         tests/bazel_tags_test.py checks). .bazelrc leaves them out by default.
       multiprocess: tests that start worker processes: tagged "multiprocess"
         (left out by --config=quick), "exclusive" (run alone: beside another
-        TensorFlow test on 2 cores, workers missed their start-up deadlines)
-        and "requires-network" (they talk over 127.0.0.1).
+        TensorFlow test on few cores, workers can miss their start-up
+        deadlines) and "requires-network" (they talk over 127.0.0.1).
       long: other tests that need more than a medium test's 5 minutes.
       data: extra runfiles by test name, e.g. another test file it imports.
     """

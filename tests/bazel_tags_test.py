@@ -23,12 +23,12 @@ def _build_list(name: str) -> list[str]:
 
 
 def test_slow_tests_are_the_files_marked_slow():
-    marked = [
+    marked = sorted(
         path.stem
         for path in sorted((REPO / "tests").rglob("*_test.py"))
         if path.name != pathlib.Path(__file__).name
         and "pytest.mark.slow" in path.read_text(encoding="utf-8")
-    ]
+    )
     listed = sorted(_build_list("SLOW_TESTS"))
     assert listed == marked, f"BUILD's SLOW_TESTS should be {marked}"
 

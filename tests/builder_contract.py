@@ -1,4 +1,4 @@
-"""The contract every all-reduce builder passes (see `_builders/protocol.py`).
+"""The contract every all-reduce builder passes (see `algorithms/_protocol.py`).
 
 A builder takes one tensor per device and the value's index in its batch and
 returns the sums, the i-th on the i-th input's device. `BuilderContract`
@@ -9,8 +9,8 @@ provides the fixture `make_builder`, a `shards -> AllReduceBuilder`
 (normally `functools.partial(registry.build, name)`);
 tests/algorithms/builders_test.py does so for every registered algorithm.
 
-The matrix runs eagerly: building the same ops inside a tf.function measured
-about ten times slower here, and the graph paths get their own smaller
+The matrix runs eagerly: tracing a tf.function for every case would cost
+far more than the ops themselves, and the graph paths get their own smaller
 tests. Its inputs are integers in [-4, 4], so every partial sum is an integer
 of magnitude <= 32, exactly representable in every dtype: any summation
 order gives the exact sum, and the matrix asserts exact equality.

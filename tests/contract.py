@@ -600,7 +600,7 @@ class CrossDeviceOpsContract:
         for v in strategy.experimental_local_results(strategy.run(step)):
             np.testing.assert_allclose(v.numpy(), [1.0, 2.0])
 
-    # ---- TensorFlow parity (issue #11) ----------------------------------
+    # ---- TensorFlow parity ---------------------------------------------
 
     @pytest.mark.parametrize("mode", MODES)
     def test_one_destination_gives_the_plain_value(self, mode):

@@ -1,7 +1,7 @@
-"""The wheel holds the library and not the benchmark study (issue #12).
+"""The wheel holds the library and not the benchmark study.
 
 The legacy layer, kept in the top-level compat/ folder, installs as
-tf_crossdevice.compat (issue #14).
+tf_crossdevice.compat.
 
 Builds the wheel from a copy of what setup.py reads (no network, no build
 isolation: setuptools and wheel come with the test environment) and lists

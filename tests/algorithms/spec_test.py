@@ -113,7 +113,7 @@ def test_check_algorithm_rejects_unknown(name, problem):
         ("nccl:3K:xring", [("nccl", 1, 3 * K), ("xring", 1, -1)]),
         ("nccl:5M:xring", [("nccl", 1, 5 * K**2), ("xring", 1, -1)]),
         ("nccl:2G:xring", [("nccl", 1, 2 * K**3), ("xring", 1, -1)]),
-        # tf_cnn_benchmarks' grammar is int[KkMGT]? (issue #11).
+        # tf_cnn_benchmarks' grammar is int[KkMGT]?.
         ("pscpu:1T:xring", [("pscpu", 1, K**4), ("xring", 1, -1)]),
         ("rechd#07", [("rechd", 7, -1)]),
         (("xring",), [("xring", 1, -1)]),

@@ -25,7 +25,9 @@ from tf_crossdevice.cluster import processes as _processes
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 # Specs that run on CPU workers, in both forms of the spec grammar.
 SPECS = {
@@ -192,7 +194,9 @@ def test_killed_worker_fails_the_step_naming_it():
     assert "/job:worker/replica:0/task:1" in result["message"]
     assert c.addresses[1] in result["message"]
     assert result["workers"] == ["/job:worker/replica:0/task:1"]
-    assert reported < 15, reported  # Measured 0.4 s; generous for CI.
+    # A dead worker's sockets close at once, so the error comes well before
+    # any timeout; the bound is loose for a loaded CI machine.
+    assert reported < 15, reported
 
 
 def test_hung_worker_is_bounded_by_timeout_seconds():

@@ -242,8 +242,8 @@ def test_compressed_all_reduce_gathers_half_the_bytes(compression, members):
     fp16's float32 scale; the sum within the codec's bound."""
     import tensorflow as tf
 
-    from tf_crossdevice.collective import _base as _collective_base
-    from tf_crossdevice.collective import _group as _collective_launch
+    from tf_crossdevice.collective import _base as collective_base
+    from tf_crossdevice.collective import _group as collective_group
 
     rng = np.random.default_rng(members)
     # Beyond half's range: fp16's scale must keep them finite.
@@ -255,8 +255,8 @@ def test_compressed_all_reduce_gathers_half_the_bytes(compression, members):
         f"/job:localhost/replica:0/task:0/device:CPU:{i}"
         for i in range(members)
     ]
-    group = _collective_launch.Group(
-        _collective_base.shared_collective_keys(), devices, members, "test"
+    group = collective_group.Group(
+        collective_base.shared_collective_keys(), devices, members, "test"
     )
     options = tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=60

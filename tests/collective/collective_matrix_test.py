@@ -1,6 +1,6 @@
 """The collective classes in real clusters of worker processes, against numpy.
 
-Issue #13's matrix: 2 and 3 workers on 127.0.0.1 x 1 and 2 local devices;
+The matrix: 2 and 3 workers on 127.0.0.1 x 1 and 2 local devices;
 CollectiveAllReduce ("flat") and HierarchicalCollectiveAllReduce ("hier")
 under tf_crossdevice.MultiWorkerMirroredStrategy; dense values and
 IndexedSlices (row counts that differ between replicas, so workers pad);

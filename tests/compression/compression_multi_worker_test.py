@@ -21,7 +21,9 @@ from tf_crossdevice.cluster import processes as _processes
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 SPECS = {"pscpu_pscpu": ["pscpu/pscpu", 2, -1], "xring": "xring"}
 # Roundings on a value's way (README): 2 for pscpu-style, p + 1 for xring.
 ROUNDINGS = {"pscpu_pscpu": 2, "xring": 3}

@@ -96,7 +96,7 @@ def test_group_by_worker(devices, expected):
         ("/task:0/job:w_1/replica:1", ("w_1", 1, 0)),
         ("/device:CPU:0", ("localhost", 0, 0)),
         ("", ("localhost", 0, 0)),
-        # TensorFlow's graph-mode canonical names have no job (issue #11).
+        # TensorFlow's graph-mode canonical names have no job.
         ("/replica:0/task:0/device:CPU:1", ("localhost", 0, 0)),
         ("/task:1/device:CPU:0", ("localhost", 0, 1)),
     ],

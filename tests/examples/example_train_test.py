@@ -19,7 +19,9 @@ from absl.testing import flagsaver
 
 sys.path.insert(
     0,
-    os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"),
+    os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "examples"
+    ),
 )
 import train_data  # noqa: E402
 import train_flags  # noqa: E402

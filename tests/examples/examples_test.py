@@ -20,9 +20,11 @@ from tf_crossdevice.cluster import processes
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 TRAIN = os.path.join(ROOT, "examples", "train.py")
-TIMEOUT = 240  # Seconds for one job on a loaded 2-core machine.
+TIMEOUT = 240  # Seconds for one job; generous, for a loaded machine.
 # Small and quick: the point is every path, not accuracy.
 TINY_CNN = ["--depth=1", "--width=4", "--image_size=8", "--num_examples=512"]
 

@@ -1,6 +1,6 @@
 """NcclAllReduce: the contract on CPU devices, where it falls back.
 
-NCCL has no CPU kernel (FACTS.md). On CPU devices NcclAllReduce logs one
+TensorFlow registers NCCL for GPUs only. On CPU devices NcclAllReduce logs one
 warning naming the devices and sums on the first device; these tests pin
 that behaviour. On a machine with GPUs the same contract runs through
 TensorFlow's NCCL kernels.

@@ -1,4 +1,4 @@
-"""Where TensorFlow's own tests pin a behaviour, ours matches (issue #11).
+"""Where TensorFlow's own tests pin a behaviour, ours matches.
 
 Each test reproduces one difference that running TensorFlow's cross-device
 test suites (TF 1.12 contrib, TF 2.3, tf_cnn_benchmarks) against this
@@ -68,7 +68,7 @@ def test_tf1_aggregation_that_is_no_reduction_names_the_allowed_ones():
     value = testing.per_replica([tf.constant(1.0), tf.constant(3.0)])
     with pytest.raises(ValueError, match="reduce_op: .*nothing to reduce.*SUM"):
         ops.reduce(tf.VariableAggregation.NONE, value, "/cpu:0")
-    # ONLY_FIRST_TOWER meant the first replica's value (issue #14).
+    # ONLY_FIRST_TOWER meant the first replica's value.
     first = ops.reduce(
         tf.compat.v1.VariableAggregation.ONLY_FIRST_TOWER, value, "/cpu:0"
     )
@@ -168,7 +168,7 @@ def test_direct_calls_to_one_device_give_what_tensorflow_gives(ops):
     ids=lambda o: type(o).__name__,
 )
 def test_destination_string_takes_the_worker_of_the_device_scope(ops):
-    """The issue's reproduction: '/cpu:0' under task 1 is task 1's CPU."""
+    """'/cpu:0' inside tf.device('/job:worker/task:1') is task 1's CPU."""
     want = "/job:worker/replica:0/task:1/device:CPU:0"
     with tf.Graph().as_default(), tf.device("/job:worker/task:1"):
         t = tf.constant(1.0)

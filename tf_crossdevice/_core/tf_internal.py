@@ -51,7 +51,7 @@ def local_gpu_links() -> dict[str, list[int]]:
     return links
 
 
-# ---- Collective ops across worker processes (issue #13) -----------------
+# ---- Collective ops across worker processes -----------------------------
 # TensorFlow's own MultiWorkerMirroredStrategy drives these privates; the
 # collective classes and tf_crossdevice.MultiWorkerMirroredStrategy use the
 # same ones, with the same arguments.

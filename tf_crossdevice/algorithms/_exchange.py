@@ -5,7 +5,7 @@ into the same number of flat chunks, each step of a schedule moves chunks
 between devices (adding the received chunk to the receiver's own, or
 replacing it with the received one), and at the end each device joins its
 chunks back into a tensor. Only the schedules differ
-(`tf_crossdevice._schedules`).
+(`_ring_schedule`, `_halving_doubling_schedule`).
 
 >>> from tf_crossdevice import testing
 >>> tensors = []

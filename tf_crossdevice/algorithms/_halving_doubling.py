@@ -4,7 +4,7 @@ With `n` devices let `p` be the largest power of two `<= n` and `r = n - p`.
 Each device's tensor is flattened, zero-padded to a multiple of
 `num_shards * p` elements and cut into `num_shards` shards of `p` chunks.
 Each shard is an independent instance of the schedule in
-`_schedules.halving_doubling` (virtual ranks rotated by `shard * r`):
+`_halving_doubling_schedule` (virtual ranks rotated by `shard * r`):
 
 1. fold-in: extra virtual rank `p + i` (`i < r`) sends its whole shard to
    virtual rank `i`, which adds it;

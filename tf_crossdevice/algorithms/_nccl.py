@@ -1,17 +1,18 @@
 """NCCL all-reduce through TensorFlow's NCCL kernels, with a CPU fallback.
 
-TensorFlow registers `NcclAllReduce` for GPUs only (FACTS: no CPU kernel) and
+TensorFlow registers `NcclAllReduce` for GPUs only (it has no CPU kernel) and
 NCCL refuses two ranks on one GPU. `nccl_all_reduce` therefore checks the
 devices first: when they are not distinct GPUs of a CUDA/ROCm build it logs
 once, naming the devices, and sums on the first device instead (see
-`reduction_to_one_device`), which on one host is the fastest CPU path.
+`_reduction_to_one_device`), which on one host is the fastest CPU path.
 
 Compression: NCCL sums in the dtype it is given, so it never sees 16-bit
 data. TensorFlow's NCCL runs inside one worker, so a stage that crosses
 workers always takes the one-device fallback, and that fallback compresses
 its cross-worker transfers like every other builder (see
-`compression.Wire`). Only NCCL itself across devices that `same_worker`
-calls different workers (fake workers) refuses compression.
+`tf_crossdevice.compression._codec.Wire`). Only NCCL itself across devices
+that `same_worker` calls different workers (fake workers) refuses
+compression.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ batch (hierarchical copy rotates its main device with it); others ignore it.
 
 Options an algorithm needs (how many shards, where a shuffle gathers) are
 bound when the builder is made: a `BuilderFactory` takes the shard count and
-returns the builder. `registry.py` maps each algorithm name to its factory.
+returns the builder. `_registry` maps each algorithm name to its factory.
 
 `shard_wise` gives any builder shards for free: it splits each tensor into
 `shards` flat pieces and all-reduces each piece on its own. `bind_shards`

@@ -1,6 +1,6 @@
 """Every all-reduce algorithm by name: one line each, two-level ones composed.
 
-`build(name, shards)` returns an `AllReduceBuilder` (see `protocol`): the
+`build(name, shards)` returns an `AllReduceBuilder` (see `_protocol`): the
 CrossDeviceOps classes dispatch through it and nothing else. A name is one
 of `algorithm_names()` or 'inner/outer', two of them: `inner` reduces
 within each worker with one shard, `outer` across one device per worker
@@ -12,10 +12,10 @@ AllReduceBuilder` and add one line to `_FACTORIES` (or call `register`);
 tests/algorithms/builders_test.py then runs the builder contract on it.
 
 Compression: `build(..., compression='bf16' | 'fp16')` makes float32 and
-float64 values cross workers as 16 bits (see `compression`); for
-'inner/outer' only the outer stage compresses. The built-in factories take
-`compression=` and `same_worker=` keywords; a registered one that does not
-is refused with compression.
+float64 values cross workers as 16 bits (see `tf_crossdevice.compression`);
+for 'inner/outer' only the outer stage compresses. The built-in factories
+take `compression=` and `same_worker=` keywords; a registered one that does
+not is refused with compression.
 
 >>> from tf_crossdevice.algorithms import _registry as registry
 >>> all_reduce = registry.build("pscpu/xring", shards=2)

@@ -2,7 +2,7 @@
 
 Each device's tensor is flattened, zero-padded to a multiple of
 `num_shards * n` elements and cut into `num_shards` shards of `n` chunks.
-Shard `s` is reduced by its own ring (`_schedules.ring.ring_orders`: even
+Shard `s` is reduced by its own ring (`_ring_schedule.ring_orders`: even
 shards run forwards, odd shards backwards, rotated by `s // 2`): `n - 1`
 reduce-scatter steps, in which each device adds the chunk it receives from
 its predecessor, then `n - 1` all-gather steps, in which it keeps the fully

@@ -41,7 +41,7 @@ import time
 import types
 
 import tensorflow as tf
-from absl import app, flags, logging
+from absl import flags, logging
 
 from tf_crossdevice._core import checks
 from tf_crossdevice._core import devices as devices_lib
@@ -438,8 +438,3 @@ def _main(argv: list[str]) -> int:
     except _StopSignalError as e:
         logging.info("%s received; workers stopped", e)
     return 0
-
-
-if __name__ == "__main__":
-    _define_flags()
-    app.run(_main)

@@ -1,4 +1,4 @@
-"""Entry point of one TensorFlow gRPC worker started by `cluster.py`.
+"""Entry point of one TensorFlow gRPC worker started by `cluster._local`.
 
 Run as `python -m tf_crossdevice.cluster._worker_main --cluster_spec=JSON
 --job_name=worker --task_index=I --cpus_per_worker=N`. The worker splits its
@@ -39,7 +39,7 @@ _BIND_ERROR_MARKERS = (
 
 def _define_flags() -> None:
     """Defines the worker's flags; only when run as a program, so that
-    importing this module (cluster.py does) adds no flags to anyone's."""
+    importing this module (`cluster._local` does) adds no flags to anyone's."""
     flags.DEFINE_string(
         "cluster_spec", None, "The cluster spec as JSON: {job: [host:port]}."
     )

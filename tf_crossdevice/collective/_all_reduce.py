@@ -18,9 +18,9 @@ import tensorflow as tf
 from tf_crossdevice._core import checks
 from tf_crossdevice.collective._base import (
     CollectiveOpsBase,
+    all_reduce_sparse,
     flatten_pack,
     plan_packs,
-    sum_sparse,
     unflatten_pack,
 )
 from tf_crossdevice.collective._group import Group, Options
@@ -139,7 +139,7 @@ class CollectiveAllReduce(CollectiveOpsBase):
         dense = []
         for k, v in enumerate(values):
             if _is_sparse(v):
-                out[k] = sum_sparse(group, index, v, options)
+                out[k] = all_reduce_sparse(group, index, v, options)
             else:
                 dense.append(k)
         for pack in plan_packs(

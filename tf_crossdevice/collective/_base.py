@@ -27,7 +27,7 @@ options), so repeated eager calls reuse it instead of tracing anew; the
 values are its arguments, never captured constants. Reusing it keeps the
 workers' keys in step: group keys are drawn while tracing, from devices
 alone, and instance keys when the function is called
-(`_collective_launch`), so a cached call draws the same keys in the same
+(`_group`), so a cached call draws the same keys in the same
 order as a fresh trace would, on every worker. TensorFlow's own
 CollectiveAllReduce runs eager calls in one thread per device instead.
 """
@@ -419,7 +419,7 @@ def _tensors(value: Value) -> list[tf.Tensor]:
     return [value]
 
 
-def gather_sparse(
+def all_gather_sparse(
     group: Group, index: int, value: tf.IndexedSlices, options: Options
 ) -> tf.IndexedSlices:
     """Every member's IndexedSlices as one, member m's rows after m-1's."""
@@ -442,7 +442,7 @@ def gather_sparse(
     )
 
 
-def sum_sparse(
+def all_reduce_sparse(
     group: Group, index: int, value: tf.IndexedSlices, options: Options
 ) -> tf.IndexedSlices:
     """The sum of every member's IndexedSlices: all their rows, unmerged."""
@@ -456,7 +456,7 @@ def _gather_one(
 ) -> Value:
     with tf.device(group.devices[index]):
         if isinstance(value, tf.IndexedSlices):
-            return gather_sparse(group, index, value, options)
+            return all_gather_sparse(group, index, value, options)
         if value.shape.rank == 0:
             gathered, _ = group.all_gather_ragged(
                 index, tf.reshape(value, [1]), options

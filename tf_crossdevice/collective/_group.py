@@ -30,7 +30,7 @@ order (so every member gets the same bits). Per member that moves
 (p-1)·S/2 bytes for S bytes of float32 where TensorFlow's ring moves
 2(p-1)/p·S: fewer for groups of p <= 3 members, as many at 4, more beyond.
 Larger groups run the uncompressed all-reduce (exact), logged once per
-group (`compression.gather_compression_pays`). A group of one
+group (`_codec.gather_compression_pays`). A group of one
 worker's devices alone is never compressed: nothing crosses a worker
 boundary.
 """
@@ -356,7 +356,7 @@ def _launch(device: str, op: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
     In TF 2 the ordering token orders a device's collectives. A TF 1 graph
     gets a control edge from each device's previous collective instead:
     unordered, two devices can each start a different collective first and
-    wait for each other for good (seen with 15 collectives on 3 CPUs).
+    wait for each other for good.
     """
     if tf.compat.v1.executing_eagerly_outside_functions():
         return op(*args, **kwargs)

@@ -25,9 +25,9 @@ import tensorflow as tf
 from tf_crossdevice._core import tf_internal
 from tf_crossdevice.collective._base import (
     CollectiveOpsBase,
+    all_reduce_sparse,
     flatten_pack,
     plan_packs,
-    sum_sparse,
     unflatten_pack,
 )
 from tf_crossdevice.ops import _base
@@ -120,7 +120,7 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
             if isinstance(value[0], tf.IndexedSlices):
                 local = _base.sum_sparse(value, first)
                 with tf.device(first):
-                    total = sum_sparse(workers, 0, local, options)
+                    total = all_reduce_sparse(workers, 0, local, options)
                 results[k] = [_base.copy_value(total, d) for d in devices]
             else:
                 dense.append(k)

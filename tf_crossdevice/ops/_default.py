@@ -18,7 +18,9 @@ from tf_crossdevice.ops import _links as topology
 from tf_crossdevice.ops import _single_host as _ops
 from tf_crossdevice.ops import _spec as _spec_ops
 
-# Small-tensor packing for CPU devices: the benchmark's best setting.
+# Small-tensor packing for CPU devices: each op costs a fixed overhead on a
+# CPU, so many small tensors are concatenated into few ops (tensors of up to
+# 64 KiB, in groups of up to 1024).
 _CPU_PACK_BYTES = 64 * 1024
 _CPU_PACK_GROUP = 1024
 

@@ -384,7 +384,7 @@ def loop(strategy) -> int:
             processes.reply({"steps": steps})
     except tf.errors.OpError as e:
         processes.reply(
-            {"error": type(e).__name__, "message": e.message[:2000]}
+            {"error": type(e).__name__, "message": e.message[:4000]}
         )
         return 2
 

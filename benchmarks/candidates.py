@@ -2,10 +2,15 @@
 
 A `Candidate` is plain data (it crosses process boundaries as JSON); `build`
 turns it into a step body in the process that runs it. Families: "ours"
-(every algorithm with every packing setting that changes the computation
-for the workload) and "tf" (ReductionToOneDevice, HierarchicalCopy with 1
-and 4 packs, MirroredStrategy's default; across workers
-MultiWorkerMirroredStrategy's collective all-reduce).
+and "tf" (ReductionToOneDevice, HierarchicalCopy with 1 and 4 packs,
+MirroredStrategy's default; across workers MultiWorkerMirroredStrategy's
+collective all-reduce).
+
+Ours come from the package's list, `tf_crossdevice.tuning.cost_model
+.candidates` (the grid the cost model prices), as the benchmark selects
+from it: every algorithm at one shard with every packing that changes the
+computation for the workload. The few of ours the grid does not hold are
+explicit additions below, each with its reason.
 
 >>> from benchmarks import workloads
 >>> group = single_process_candidates(workloads.many_small(8))
@@ -27,33 +32,69 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from benchmarks import workloads as workloads_lib
+from tf_crossdevice.tuning import cost_model
 
 NO_PACKING: dict[str, int] = {}
 PACKS_1 = {"num_packs": 1}
 PACKS_4 = {"num_packs": 4}
-# Tensors up to 64 KiB concatenated in groups of up to 1024.
+# Tensors up to 64 KiB concatenated in groups of up to 1024 (the grid's
+# aggregation setting).
 AGGREGATE = {
     "agg_small_grads_max_bytes": 64 << 10,
     "agg_small_grads_max_group": 1024,
 }
-PACKINGS: tuple[dict[str, int], ...] = (NO_PACKING, PACKS_1, PACKS_4, AGGREGATE)
-# In one process, a/b specs run their inner stage only and nccl has no CPU
-# kernel, so these are the single-process spec algorithms.
-SINGLE_PROCESS_SPECS = ("pscpu", "psgpu", "xring", "rechd")
-MULTI_WORKER_SPECS: tuple[Any, ...] = (
-    ("pscpu/pscpu", 2, -1),  # MultiWorkerAllReduce's default
-    "pscpu",
-    "xring",
-    "rechd",
-)
 MWMS_BYTES_PER_PACK = (4 << 20, 32 << 20)
 # Wire compression of ours across workers (MultiWorkerAllReduce's
 # compression=); every multi-worker setting also runs with each.
-COMPRESSIONS = ("bf16", "fp16")
+COMPRESSIONS = cost_model.COMPRESSIONS
 # Our collectives, each inside tf_crossdevice.MultiWorkerMirroredStrategy.
 STRATEGY_OPS = ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
-STRATEGY_BYTES_PER_PACK = (0, 4 << 20)  # 0: the class's own choice
-# Each also runs with every codec of COMPRESSIONS, at bytes_per_pack 0 only.
+
+# --- what the benchmark takes from the package's list, and adds ----------
+#
+# Taken from `cost_model.candidates`: in one process ReductionToOneDevice,
+# HierarchicalCopyAllReduce and SpecAllReduce; across workers (one device
+# each) MultiWorkerAllReduce, and the collectives for `strategy_candidates`.
+# Left out of it, and why:
+# - shard counts above 1 ((alg, n) specs): the grid prices 2, 4 and 8 for
+#   nothing; timing each would multiply a group's run by four.
+# - spec ranges (a list of (alg, shards, max_bytes)): a range runs, per
+#   pack, one of the algorithms timed alone here.
+# - collectives with 32 MiB packs: each between-graph candidate starts its
+#   own worker processes, so the benchmark keeps the class's own choice
+#   and 4 MiB.
+STRATEGY_LEFT_OUT_BYTES_PER_PACK = frozenset({32 << 20})
+# Added to it (ours, not in the grid):
+# - HierarchicalCopy with small-tensor aggregation: the grid's class takes
+#   num_packs only; the benchmark builds AllReduceCrossDeviceOps with
+#   all_reduce_alg="hierarchical_copy", which also aggregates.
+HIERARCHICAL_COPY_EXTRA = (AGGREGATE,)
+# - MultiWorkerAllReduce's default spec across one-device workers (the grid
+#   has a/b specs only with local devices): the class's default, and
+#   autotune's first spec across workers, so its choice gets a name here.
+MULTI_WORKER_DEFAULT_SPEC = ("pscpu/pscpu", 2, -1)
+# - every multi-worker setting again with each of COMPRESSIONS: the grid
+#   leaves compression to the caller; the compression targets
+#   (`targets.COMPRESSION_TARGETS`) compare bf16 with the same setting.
+# The order the tables list our algorithms in (the grid's own order in one
+# process); an algorithm not listed goes last.
+ALGORITHM_ORDER = ("pscpu", "psgpu", "xring", "rechd")
+# --quick's few of ours: one or two per class.
+QUICK = frozenset(
+    {
+        "ours ReductionToOneDevice",
+        "ours HierarchicalCopy num_packs=0",
+        "ours HierarchicalCopy agg_small=64KiBx1024",
+        "ours SpecAllReduce pscpu agg_small=64KiBx1024",
+        "ours SpecAllReduce xring num_packs=1",
+        "ours MultiWorkerAllReduce ('pscpu/pscpu', 2, -1)",
+        "ours MultiWorkerAllReduce ('pscpu/pscpu', 2, -1) num_packs=1",
+        "ours MultiWorkerAllReduce xring",
+        "ours MultiWorkerAllReduce xring num_packs=1",
+        "ours CollectiveAllReduce",
+        "ours HierarchicalCollectiveAllReduce",
+    }
+)
 # Our algorithms the single-process groups leave out, and why.
 SKIPPED = {
     "ours NcclAllReduce, SpecAllReduce nccl (and nccl/*)": "NCCL has no CPU "
@@ -103,26 +144,65 @@ def _applies(c: Candidate, workload: workloads_lib.Workload) -> bool:
     return not limit or len(small) >= 2
 
 
-def _ours(
-    name: str, kind: str, settings: Sequence[tuple[Any, dict[str, Any]]]
-) -> list[Candidate]:
-    key = "all_reduce_alg" if kind == "ours_all_reduce" else "all_reduce_spec"
-    out = []
-    for alg, packing in settings:
-        kwargs = {key: alg} | packing
-        if kind == "ours_all_reduce":  # hierarchical copy packs by default
-            kwargs = {"num_packs": 0} | kwargs
-            label = _label(packing).strip() or "num_packs=0"
-            full = f"ours {name} {label}"
-        else:
-            full = _spec_name(name, alg, packing)
-        out.append(Candidate(full, "ours", kind, kwargs))
-    return out
+def _hierarchical_copy(packing: Mapping[str, Any]) -> Candidate:
+    """Ours hierarchical copy: AllReduceCrossDeviceOps, which packs by
+    default (hence num_packs=0 unless `packing` sets it)."""
+    kwargs = {"num_packs": 0, "all_reduce_alg": "hierarchical_copy"}
+    label = _label(dict(packing)).strip() or "num_packs=0"
+    return Candidate(
+        f"ours HierarchicalCopy {label}",
+        "ours",
+        "ours_all_reduce",
+        kwargs | dict(packing),
+    )
+
+
+def _spec(name: str, spec: Any, packing: Mapping[str, Any]) -> Candidate:
+    """Ours SpecAllReduce or MultiWorkerAllReduce with `spec`."""
+    kind = "ours_spec" if name == "SpecAllReduce" else "ours_multi_worker"
+    kwargs = {"all_reduce_spec": spec} | dict(packing)
+    return Candidate(_spec_name(name, spec, packing), "ours", kind, kwargs)
 
 
 def _spec_name(name: str, spec: Any, packing: Mapping[str, Any]) -> str:
     shown = spec if isinstance(spec, str) else repr(spec)
     return f"ours {name} {shown}{_label(dict(packing))}"
+
+
+def _from_grid(config: cost_model.Config) -> Candidate | None:
+    """The benchmark's candidate for a configuration of
+    `cost_model.candidates`; None for what it leaves out (see above)."""
+    name, kwargs = config
+    if name == "ReductionToOneDevice" and not kwargs:
+        return Candidate("ours ReductionToOneDevice", "ours", "ours_r1d")
+    if name == "HierarchicalCopyAllReduce":
+        return _hierarchical_copy(kwargs)
+    spec = kwargs.get("all_reduce_spec")
+    if name in ("SpecAllReduce", "MultiWorkerAllReduce") and (
+        isinstance(spec, tuple) and len(spec) == 2 and spec[1] == 1
+    ):
+        packing = {k: v for k, v in kwargs.items() if k != "all_reduce_spec"}
+        return _spec(name, spec[0], packing)
+    return None
+
+
+def _order(c: Candidate) -> tuple[int, int]:
+    """Sort key: by class as `_KINDS`, then by ALGORITHM_ORDER."""
+    alg = c.kwargs.get("all_reduce_spec")
+    rank = len(ALGORITHM_ORDER)
+    if alg in ALGORITHM_ORDER:
+        rank = ALGORITHM_ORDER.index(alg)
+    return _KINDS.index(c.kind), rank
+
+
+_KINDS = ("ours_r1d", "ours_all_reduce", "ours_spec", "ours_multi_worker")
+
+
+def _ours(num_workers: int) -> list[Candidate]:
+    """Ours from the package's list (one device per worker across
+    workers: the grid is the same for any count above 1)."""
+    grid = cost_model.candidates(num_workers=num_workers, devices_per_worker=1)
+    return [c for c in map(_from_grid, grid) if c is not None]
 
 
 _PACKING_KEYS = frozenset(
@@ -171,24 +251,24 @@ compression=bf16"
 def single_process_candidates(
     workload: workloads_lib.Workload, quick: bool = False
 ) -> list[Candidate]:
-    """The candidates on one process's logical CPU devices (`quick`: few)."""
+    """The candidates on one process's logical CPU devices (`quick`: few):
+    TF's built-ins, then ours (`_ours(1)` and HIERARCHICAL_COPY_EXTRA)."""
     out = [
         Candidate("TF ReductionToOneDevice", "tf", "tf_r1d"),
         Candidate("TF HierarchicalCopy num_packs=1", "tf", "tf_hc", PACKS_1),
         Candidate("TF HierarchicalCopy num_packs=4", "tf", "tf_hc", PACKS_4),
         # TF 2.21 MirroredStrategy's default: CollectiveAllReduce.
         Candidate("TF MirroredStrategy default", "tf", "tf_mirrored_default"),
-        Candidate("ours ReductionToOneDevice", "ours", "ours_r1d"),
     ]
-    hierarchical = [("hierarchical_copy", p) for p in PACKINGS]
-    specs = [(s, p) for s in SINGLE_PROCESS_SPECS for p in PACKINGS]
     if quick:
         del out[2]
-        hierarchical = [hierarchical[0], hierarchical[3]]
-        specs = [("pscpu", AGGREGATE), ("xring", PACKS_1)]
-    out += _ours("HierarchicalCopy", "ours_all_reduce", hierarchical)
-    out += _ours("SpecAllReduce", "ours_spec", specs)
-    return [c for c in out if _applies(c, workload)]
+    ours = _ours(1) + [_hierarchical_copy(p) for p in HIERARCHICAL_COPY_EXTRA]
+    out += sorted(ours, key=_order)
+    return [c for c in out if _applies(c, workload) and _kept(c, quick)]
+
+
+def _kept(c: Candidate, quick: bool) -> bool:
+    return not quick or c.family != "ours" or c.name in QUICK
 
 
 def multi_worker_candidates(
@@ -196,10 +276,11 @@ def multi_worker_candidates(
 ) -> list[Candidate]:
     """The candidates across worker processes (one CPU replica each).
 
-    Ours run in one client driving the workers (MultiWorkerAllReduce);
-    MultiWorkerMirroredStrategy ("mwms", default options: AUTO, which is
-    RING on CPU, one pack) runs between-graph. Our between-graph ones are
-    `strategy_candidates`.
+    Ours run in one client driving the workers (MultiWorkerAllReduce:
+    MULTI_WORKER_DEFAULT_SPEC, then `_ours(2)`, each setting then with
+    each of COMPRESSIONS); MultiWorkerMirroredStrategy ("mwms", default
+    options: AUTO, which is RING on CPU, one pack) runs between-graph. Our
+    between-graph ones are `strategy_candidates`.
     """
     out = [
         Candidate("TF MWMS default", "tf", "mwms"),
@@ -218,27 +299,39 @@ def multi_worker_candidates(
         out.append(
             Candidate("TF ReductionToOneDevice (in-graph)", "tf", "tf_r1d")
         )
-    specs, packings = MULTI_WORKER_SPECS, PACKINGS
-    if quick:
-        specs, packings = (specs[0], "xring"), (NO_PACKING, PACKS_1)
-    settings = [(s, p) for s in specs for p in packings]
-    out += _ours("MultiWorkerAllReduce", "ours_multi_worker", settings)
-    if not quick:
-        compressed = [
-            (s, p | {"compression": codec})
-            for codec in COMPRESSIONS
-            for s, p in settings
+    grid = sorted(
+        (c for c in _ours(2) if c.kind == "ours_multi_worker"), key=_order
+    )
+    default = [
+        _spec("MultiWorkerAllReduce", MULTI_WORKER_DEFAULT_SPEC, p)
+        for p in ({}, PACKS_1, PACKS_4, AGGREGATE)
+    ]
+    settings = default + grid
+    out += settings
+    for codec in COMPRESSIONS:
+        out += [
+            _spec(
+                "MultiWorkerAllReduce",
+                c.kwargs["all_reduce_spec"],
+                _packing(c) | {"compression": codec},
+            )
+            for c in settings
         ]
-        out += _ours("MultiWorkerAllReduce", "ours_multi_worker", compressed)
-    return [c for c in out if _applies(c, workload)]
+    return [c for c in out if _applies(c, workload) and _kept(c, quick)]
+
+
+def _packing(c: Candidate) -> dict[str, Any]:
+    return {k: v for k, v in c.kwargs.items() if k != "all_reduce_spec"}
 
 
 def strategy_candidates(quick: bool = False) -> list[Candidate]:
     """Ours between-graph ("ours_mwms"): CollectiveAllReduce and
     HierarchicalCollectiveAllReduce in tf_crossdevice's
     MultiWorkerMirroredStrategy, one process per worker with k local
-    devices, each class with its default packing and (unless `quick`)
-    bytes_per_pack=4MiB and wire compression (bf16, fp16; default packing).
+    devices, each class with the grid's pack sizes (less
+    STRATEGY_LEFT_OUT_BYTES_PER_PACK) and, unless `quick`, wire compression
+    (each of COMPRESSIONS; the class's own packing). `quick`: the class's
+    own packing only.
 
     >>> [c.name for c in strategy_candidates(quick=True)]
     ['ours CollectiveAllReduce', 'ours HierarchicalCollectiveAllReduce']
@@ -249,13 +342,17 @@ def strategy_candidates(quick: bool = False) -> list[Candidate]:
     ours CollectiveAllReduce compression=bf16
     ours CollectiveAllReduce compression=fp16
     """
+    grid = cost_model.candidates(num_workers=2, devices_per_worker=1)
     out = []
     for ops in STRATEGY_OPS:
         settings: list[tuple[str, dict[str, Any]]] = []
-        for size in STRATEGY_BYTES_PER_PACK[: 1 if quick else None]:
+        for name, kwargs in grid:
+            size = (kwargs.get("options") or {}).get("bytes_per_pack", 0)
+            if name != ops or size in STRATEGY_LEFT_OUT_BYTES_PER_PACK:
+                continue
             label = f" bytes_per_pack={size >> 20}MiB" if size else ""
             settings.append((label, {"bytes_per_pack": size}))
-        for codec in () if quick else COMPRESSIONS:
+        for codec in COMPRESSIONS:
             settings.append(
                 (
                     f" compression={codec}",
@@ -271,7 +368,7 @@ def strategy_candidates(quick: bool = False) -> list[Candidate]:
                     {"cross_device_ops": ops} | kwargs,
                 )
             )
-    return out
+    return [c for c in out if _kept(c, quick)]
 
 
 def _compile(patterns: str) -> list[re.Pattern[str]]:

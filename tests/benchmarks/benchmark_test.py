@@ -26,7 +26,7 @@ import pytest
 
 from benchmarks import candidates, records, targets, workloads
 from tf_crossdevice.compression import _codec as compression
-from tf_crossdevice.tuning import _candidates, _topology, measure
+from tf_crossdevice.tuning import _candidates, _topology, cost_model, measure
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -600,6 +600,48 @@ def test_full_run_candidates_cover_the_issue_list():
             " compression=fp16",
         )
     ]
+
+
+def test_our_candidates_come_from_the_package_list():
+    # Ours are cost_model.candidates' one-shard entries plus the explicit
+    # additions of benchmarks/candidates.py, nothing else.
+    def grid_names(num_workers):
+        out = set()
+        for name, kwargs in cost_model.candidates(num_workers, 1):
+            spec = kwargs.get("all_reduce_spec")
+            if isinstance(spec, tuple) and spec[1:] == (1,):
+                out.add(
+                    candidates.name_of(
+                        (name, kwargs | {"all_reduce_spec": spec[0]})
+                    )
+                )
+        return out
+
+    single = [
+        c.name
+        for c in candidates.single_process_candidates(workloads.many_small())
+        if c.kind == "ours_spec"
+    ]
+    assert set(single) == grid_names(1)
+    mw = [
+        c.name
+        for c in candidates.multi_worker_candidates(workloads.many_small())
+        if c.family == "ours"
+    ]
+    extra = [
+        n for n in mw if "compression=" in n or "('pscpu/pscpu', 2, -1)" in n
+    ]
+    assert set(mw) - set(extra) == grid_names(2)
+    hierarchical = [
+        c.name
+        for c in candidates.single_process_candidates(workloads.many_small())
+        if c.kind == "ours_all_reduce"
+    ]
+    assert hierarchical[-1] == "ours HierarchicalCopy agg_small=64KiBx1024"
+    assert len(hierarchical) == 1 + sum(
+        name == "HierarchicalCopyAllReduce"
+        for name, _ in cost_model.candidates(1, 1)
+    )
 
 
 def test_compressed_candidates_are_checked_within_the_codecs_rounding():

@@ -31,7 +31,7 @@ from tf_crossdevice.tuning._cache import (
     write_cache,
 )
 from tf_crossdevice.tuning._configs import Config, label, make_ops
-from tf_crossdevice.tuning._results import AutotuneResult, Measurement
+from tf_crossdevice.tuning._results import AutotuneResult, CandidateResult
 from tf_crossdevice.tuning._topology import (
     GradientList,
     Topology,
@@ -211,7 +211,7 @@ def _search(
     )
     inputs = _measure.Inputs(gradients, topology.devices)
     total = len(plan)
-    records: list[Measurement] = []
+    records: list[CandidateResult] = []
     built: list[tuple[float, float]] = []  # (graph units, build seconds)
     timers: dict[int, _measure.TimeFn] = {}
     reps: dict[int, int] = {}
@@ -235,12 +235,14 @@ def _search(
                 f"{timing:.1f} s to time, {max(left, 0):.0f} s of budget left"
             )
             logging.info("autotune [%d/%d] %s: %s", i + 1, total, name, why)
-            records.append(Measurement(name, config, predicted, error=why))
+            records.append(CandidateResult(name, config, predicted, error=why))
             continue
         try:
             ops = make_ops(config, topology)
         except (TypeError, ValueError) as e:
-            records.append(Measurement(name, config, predicted, False, f"{e}"))
+            records.append(
+                CandidateResult(name, config, predicted, False, f"{e}")
+            )
             continue
         check = inputs.check_for(
             config[1].get("compression"), topology.num_workers
@@ -278,7 +280,7 @@ def _search(
                 max(left, 0),
             )
         records.append(
-            Measurement(
+            CandidateResult(
                 name,
                 config,
                 predicted,

@@ -24,7 +24,7 @@ from tf_crossdevice._core import requirements
 from tf_crossdevice.tuning import _candidates
 from tf_crossdevice.tuning import measure as _measure
 from tf_crossdevice.tuning._configs import from_json, make_ops
-from tf_crossdevice.tuning._results import measurement_from_json
+from tf_crossdevice.tuning._results import candidate_result_from_json
 from tf_crossdevice.tuning._topology import GradientList, Topology
 
 # Bumped when an entry's fields change meaning: older files are ignored.
@@ -111,7 +111,7 @@ def read_cache(path: pathlib.Path, topology: Topology) -> dict[str, Any] | None:
         float(entry["budget_seconds"])
         bool(entry["complete"])
         measurements = [
-            measurement_from_json(m) for m in entry.get("measurements", [])
+            candidate_result_from_json(m) for m in entry.get("measurements", [])
         ]
     except Exception as e:  # noqa: BLE001 - any damage: ignore the file.
         logging.warning(

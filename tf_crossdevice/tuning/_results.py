@@ -1,4 +1,4 @@
-"""What autotune measured: a `Measurement` per candidate (its cache files
+"""What autotune measured: a `CandidateResult` per candidate (its cache files
 keep them too) and the `AutotuneResult` the returned ops carry."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from tf_crossdevice.tuning._configs import Config, from_json
 
 
 @dataclasses.dataclass(frozen=True)
-class Measurement:
+class CandidateResult:
     """One candidate as autotune saw it.
 
     Attributes:
@@ -53,7 +53,7 @@ class AutotuneResult:
 
     config: Config
     label: str
-    measurements: tuple[Measurement, ...]
+    measurements: tuple[CandidateResult, ...]
     budget_seconds: float
     elapsed_seconds: float
     complete: bool
@@ -61,12 +61,14 @@ class AutotuneResult:
     cache_file: str
 
 
-_MEASUREMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Measurement))
+_CANDIDATE_RESULT_FIELDS = frozenset(
+    f.name for f in dataclasses.fields(CandidateResult)
+)
 
 
-def measurement_from_json(data: dict[str, Any]) -> Measurement:
+def candidate_result_from_json(data: dict[str, Any]) -> CandidateResult:
     """A cached record; fields added since it was written take their
     defaults, fields unknown here are dropped."""
-    known = {k: v for k, v in data.items() if k in _MEASUREMENT_FIELDS}
+    known = {k: v for k, v in data.items() if k in _CANDIDATE_RESULT_FIELDS}
     known["config"] = from_json(known["config"])
-    return Measurement(**known)
+    return CandidateResult(**known)

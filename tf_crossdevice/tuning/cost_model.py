@@ -195,11 +195,12 @@ def features(t: Traffic) -> tuple[float, ...]:
     )
 
 
-# Fitted by `python -m benchmarks.cost_fit docs/benchmark/*.json` on the
-# repository's benchmark records (commit 78fb01a: 10 groups, 140 candidates;
-# a 2-core CPU machine, logical CPU devices and loopback gRPC workers); see
-# docs/benchmark/cost_model.md for the fit's errors per group (120 of 140
-# candidates within 25%). Other hardware needs its own `fit`.
+# Fitted by `python -m benchmarks.cost_fit docs/benchmark/*.json` (`fit` on
+# every verified, timed candidate of the benchmark's records), so that the
+# model ranks configurations as the measured steps on the benchmark's
+# machine (logical CPU devices, loopback gRPC workers) rank them;
+# docs/benchmark/cost_model.md gives the fit's errors per group. Other
+# hardware needs its own `fit`.
 DEFAULT_CONSTANTS = Constants(
     alpha_net=1.521e-04,
     beta_net=4.763e-09,
@@ -753,11 +754,12 @@ def candidates(num_workers: int, devices_per_worker: int) -> list[Config]:
 
     A broad grid, since pricing one costs nothing: every algorithm at 1 to
     8 shards with every packing, spec ranges across workers and the
-    between-graph collectives. autotune's list (`timed_candidates` in
-    `tf_crossdevice.tuning._candidates`) is another on purpose: it builds
-    and times each entry on the devices within a budget, so it keeps a few
-    likely ones that one client can time, and adapts to the device type
-    and the gradients.
+    between-graph collectives. The benchmark (`benchmarks.candidates`)
+    times its one-shard entries and says what it adds. autotune's list
+    (`timed_candidates` in `tf_crossdevice.tuning._candidates`) is another
+    on purpose: it builds and times each entry on the devices within a
+    budget, so it keeps a few likely ones that one client can time, and
+    adapts to the device type and the gradients.
 
     >>> len(candidates(1, 4)) > 10
     True

@@ -19,13 +19,15 @@ from tf_crossdevice._core import checks
 from tf_crossdevice.collective._base import (
     CollectiveOpsBase,
     all_reduce_sparse,
-    flatten_pack,
-    plan_packs,
-    unflatten_pack,
 )
 from tf_crossdevice.collective._group import Group, Options
 from tf_crossdevice.ops import _base
 from tf_crossdevice.ops._base import Value
+from tf_crossdevice.packing._collective_pack import (
+    flatten_pack,
+    plan_packs,
+    unflatten_pack,
+)
 
 
 class CollectiveAllReduce(CollectiveOpsBase):
@@ -143,7 +145,9 @@ class CollectiveAllReduce(CollectiveOpsBase):
             else:
                 dense.append(k)
         for pack in plan_packs(
-            [values[k] for k in dense], options, self._merge_scope
+            [values[k] for k in dense],
+            options.bytes_per_pack,
+            self._merge_scope,
         ):
             keys = [dense[j] for j in pack]
             sums = _all_reduce_pack(

@@ -46,7 +46,6 @@ from tf_crossdevice.collective._group import Group, Options
 from tf_crossdevice.compression import _codec as codec
 from tf_crossdevice.ops import _base
 from tf_crossdevice.ops._base import Item, ReduceOp, Value
-from tf_crossdevice.packing import _collective_plan as collective_packing
 
 _STRATEGY = "tf_crossdevice.MultiWorkerMirroredStrategy"
 # Traced functions one object keeps; the oldest goes first beyond that.
@@ -471,41 +470,3 @@ def _gather_one(
         )
         inverse = [perm.index(i) for i in range(rank)]
         return tf.transpose(gathered, inverse)
-
-
-def plan_packs(
-    tensors: Sequence[tf.Tensor], options: Options, merge_scope: int
-) -> list[list[int]]:
-    """`collective_packs` for these tensors and options."""
-    sizes = [
-        None
-        if t.shape.num_elements() is None
-        else t.shape.num_elements() * t.dtype.size
-        for t in tensors
-    ]
-    return collective_packing.collective_packs(
-        sizes, [t.dtype for t in tensors], options.bytes_per_pack, merge_scope
-    )
-
-
-def flatten_pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
-    """The tensors as one flat tensor (on the enclosing device)."""
-    flat = [tf.reshape(t, [-1]) for t in tensors]
-    return flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
-
-
-def unflatten_pack(
-    flat: tf.Tensor, like: Sequence[tf.Tensor]
-) -> list[tf.Tensor]:
-    """`flatten_pack`'s inverse: pieces shaped as `like`."""
-    sizes = [
-        t.shape.num_elements()
-        if t.shape.num_elements() is not None
-        else tf.size(t)
-        for t in like
-    ]
-    pieces = [flat] if len(like) == 1 else tf.split(flat, sizes)
-    return [
-        tf.reshape(p, t.shape if t.shape.is_fully_defined() else tf.shape(t))
-        for p, t in zip(pieces, like, strict=True)
-    ]

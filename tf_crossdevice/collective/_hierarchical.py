@@ -26,12 +26,14 @@ from tf_crossdevice._core import tf_internal
 from tf_crossdevice.collective._base import (
     CollectiveOpsBase,
     all_reduce_sparse,
+)
+from tf_crossdevice.ops import _base
+from tf_crossdevice.ops._default import default_cross_device_ops
+from tf_crossdevice.packing._collective_pack import (
     flatten_pack,
     plan_packs,
     unflatten_pack,
 )
-from tf_crossdevice.ops import _base
-from tf_crossdevice.ops._default import default_cross_device_ops
 
 _NAME = "HierarchicalCollectiveAllReduce"
 
@@ -125,7 +127,9 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
             else:
                 dense.append(k)
         packs = plan_packs(
-            [batch[k][0] for k in dense], options, max(1, len(dense))
+            [batch[k][0] for k in dense],
+            options.bytes_per_pack,
+            max(1, len(dense)),
         )
         for pack in packs:
             keys = [dense[j] for j in pack]

@@ -3,7 +3,11 @@
 `_base` is what every class of the package shares (validation, the TF 2
 hooks); `_single_host` holds ReductionToOneDevice, AllReduceCrossDeviceOps,
 NcclAllReduce and HierarchicalCopyAllReduce; `_spec` SpecAllReduce;
-`_multi_worker` MultiWorkerAllReduce (in-graph, across workers).
+`_multi_worker` MultiWorkerAllReduce (in-graph, across workers); `_default`
+the class that suits a list of devices, by their links (`_links`). The
+all-reduce classes validate their packing arguments and pack, all-reduce and
+unpack with `packing._packed_all_reduce`, handing it their algorithm as a
+callable.
 
 Also public, for code that builds distributed values and destinations by
 hand (the legacy layer `tf_crossdevice.compat` does):

@@ -12,7 +12,7 @@ from tf_crossdevice.algorithms import _registry as registry
 from tf_crossdevice.algorithms import _spec as spec_lib
 from tf_crossdevice.compression import _codec as compression_lib
 from tf_crossdevice.ops import _base
-from tf_crossdevice.ops import _single_host as _ops
+from tf_crossdevice.packing import _packed_all_reduce as packed
 
 
 class SpecAllReduce(_base.CrossDeviceOpsBase):
@@ -98,7 +98,7 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
             self._num_packs,
             self._agg_small_grads_max_bytes,
             self._agg_small_grads_max_group,
-        ) = _ops.check_packing(
+        ) = packed.check_packing(
             num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group
         )
 
@@ -113,13 +113,12 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
         return self._compression
 
     def _all_reduce_dense(self, batch):
-        return _ops.packed_all_reduce(
+        return packed.packed_all_reduce(
             batch,
-            self._reduce_pack,
+            self._reduce_packs,
             num_packs=self._num_packs,
             agg_small_grads_max_bytes=self._agg_small_grads_max_bytes,
             agg_small_grads_max_group=self._agg_small_grads_max_group,
-            all_reduce_batch=self._reduce_packs,
         )
 
     def _reduce_packs(
@@ -140,12 +139,6 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
             for k, sums in zip(members, summed, strict=True):
                 results[k] = sums
         return results
-
-    def _reduce_pack(
-        self, tensors: Sequence[tf.Tensor], index: int
-    ) -> list[tf.Tensor]:
-        chosen = spec_lib.select_range(self._spec, size_in_bytes(tensors[0]))
-        return self._builders[chosen](tensors, index)
 
 
 def size_in_bytes(tensor: tf.Tensor) -> int:

@@ -1,8 +1,13 @@
 """Packing many tensors into fewer, larger ones before they are reduced.
 
 `_plan` decides (pure Python: which tensors go together, split sizes),
-`_pack` does it in TensorFlow, `_collective_plan` groups the values of one
-collective step into packs.
+`_pack` does it in TensorFlow, `_packed_all_reduce` validates the packing
+arguments of the single-worker all-reduce classes (`check_packing`) and
+packs, all-reduces (with a callable it is given) and unpacks their values
+(`packed_all_reduce`). For the collective classes, `_collective_plan`
+groups the values of one collective step into packs (pure Python) and
+`_collective_pack` sizes the tensors for it and flattens and unflattens a
+pack in TensorFlow.
 
 May import: `_core`.
 """

@@ -12,6 +12,13 @@ The legacy classes also take TF 1's arguments: `aggregation=` (a
 `per_device_value=`, destinations None (the value's devices), the strings
 "sum" and "mean" in any case, and TF 2.2's `experimental_hints=`.
 
+Each name keeps its TensorFlow's value contract. TF 1's classes (the
+`*CrossTowerOps` names, `MultiWorkerAllReduce`, `CollectiveAllReduce`) return
+a TF 1 `Mirrored` from reduce, broadcast and (a list of them) batch_reduce,
+one destination included, read with `get(device=None)`, `devices` and
+`on_device(device)`; it is a subclass of TF 2's Mirrored. The tf.compat.v1
+and TF 2.2 names return what TF 2 does: a plain tensor for one destination.
+
 The first use of a name warns, for instance
 "tf_crossdevice.compat.ReductionToOneDeviceCrossTowerOps is deprecated; use
 tf_crossdevice.ReductionToOneDevice instead (...)". Old code, warnings
@@ -26,8 +33,8 @@ silenced:
 ...     ops = compat.ReductionToOneDeviceCrossTowerOps()
 ...     mean = ops.reduce(aggregation=tf.VariableAggregation.MEAN,
 ...                       per_device_value=value, destinations="/cpu:0")
->>> float(mean)
-2.0
+>>> float(mean.get("/cpu:0")), mean.devices
+(2.0, ('/job:localhost/replica:0/task:0/device:CPU:0',))
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from ._warnings import warn_once
 
 # Legacy name -> (module of this package, attribute).
 _WHERE: dict[str, tuple[str, str]] = {
-    "CrossTowerOps": ("_ops", "CrossDeviceOps"),
+    "CrossTowerOps": ("_ops", "CrossTowerOps"),
     "CrossDeviceOps": ("_ops", "CrossDeviceOps"),
     "ReductionToOneDeviceCrossTowerOps": (
         "_ops",
@@ -60,7 +67,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "ConcatAndSplitPacker": ("_packers", "ConcatAndSplitPacker"),
     "AggregateSmallTensorPacker": ("_packers", "AggregateSmallTensorPacker"),
     "PerDevice": ("_values", "per_device"),
-    "Mirrored": ("_values", "mirrored"),
+    "Mirrored": ("_values", "Mirrored"),
     "check_destinations": ("_values", "check_destinations"),
     "validate_destinations": ("_values", "validate_destinations"),
     "get_devices_from": ("_values", "get_devices_from"),
@@ -94,6 +101,7 @@ if TYPE_CHECKING:  # Type checkers see the names without the warning.
         AllReduceSpecTuple,
         CollectiveAllReduce,
         CrossDeviceOps,
+        CrossTowerOps,
         HierarchicalCopyAllReduce,
         MultiWorkerAllReduce,
         NcclAllReduce,
@@ -102,7 +110,6 @@ if TYPE_CHECKING:  # Type checkers see the names without the warning.
         ReductionToOneDeviceCrossTowerOps,
         choose_the_best,
     )
-    from ._ops import CrossDeviceOps as CrossTowerOps  # noqa: F401
     from ._ops import collective_hints as CollectiveHints  # noqa: F401, N812
     from ._ops import mirrored_strategy as MirroredStrategy  # noqa: F401, N812
     from ._packers import (  # noqa: F401
@@ -110,9 +117,9 @@ if TYPE_CHECKING:  # Type checkers see the names without the warning.
         ConcatAndSplitPacker,
     )
     from ._values import (  # noqa: F401
+        Mirrored,
         check_destinations,
         get_devices_from,
         validate_destinations,
     )
-    from ._values import mirrored as Mirrored  # noqa: F401, N812
     from ._values import per_device as PerDevice  # noqa: F401, N812

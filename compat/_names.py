@@ -121,7 +121,8 @@ LEGACY: dict[str, Legacy] = {
             "tf.distribute values: the results of CrossDeviceOps.reduce "
             "and broadcast",
             "TensorFlow 2's Mirrored is built by a strategy, not from a "
-            "{device: value} dict",
+            "{device: value} dict, and has no get(device) or devices: read "
+            ".values",
             rename=False,
         ),
         Legacy(

@@ -5,6 +5,14 @@ old arguments. `CrossTowerOps` (TF 1) and `CrossDeviceOps` (tf.compat.v1)
 are the base for legacy subclasses: a TF 1 subclass implements `_reduce`,
 `_batch_reduce` and maybe `_broadcast`; a TF 2 one the `*_implementation`
 hooks.
+
+Each name keeps its own TensorFlow's value contract. TF 1's names (the
+`*CrossTowerOps` classes, `MultiWorkerAllReduce`, `CollectiveAllReduce`) add
+`TF1Results`: reduce, batch_reduce and broadcast give a TF 1 `Mirrored`
+(see `_values`) for every destination count. The tf.compat.v1 and TF 2.2
+names (`CrossDeviceOps`, `ReductionToOneDevice`, `NcclAllReduce`,
+`HierarchicalCopyAllReduce`) give what TF 2 gives: a plain tensor for one
+destination.
 """
 
 from __future__ import annotations
@@ -19,6 +27,29 @@ import tensorflow as tf
 import tf_crossdevice
 
 from ._arguments import LegacyArguments
+from ._values import tf1_mirrored
+
+
+class TF1Results:
+    """Mixin: TF 1's value contract for reduce, batch_reduce and broadcast.
+
+    TF 1's cross_tower_ops returned a `Mirrored` whatever the number of
+    destinations (TF 2 returns the plain tensor for one). Mixed in after
+    `LegacyArguments` (whose deprecation warnings count stack frames), it
+    wraps what the class below returns in
+    `tf_crossdevice.compat`'s `Mirrored`, which has TF 1's `get(device)`,
+    `devices` and `on_device(device)`. batch_reduce gives a list of them.
+    """
+
+    def reduce(self, *args: Any, **kwargs: Any) -> Any:
+        return tf1_mirrored(super().reduce(*args, **kwargs))  # type: ignore[misc]
+
+    def batch_reduce(self, *args: Any, **kwargs: Any) -> list[Any]:
+        results = super().batch_reduce(*args, **kwargs)  # type: ignore[misc]
+        return [tf1_mirrored(result) for result in results]
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
+        return tf1_mirrored(super().broadcast(*args, **kwargs))  # type: ignore[misc]
 
 
 class CrossDeviceOps(
@@ -70,10 +101,31 @@ class CrossDeviceOps(
         return super().broadcast_implementation(tensor, destinations)
 
 
+class CrossTowerOps(CrossDeviceOps, TF1Results, tf.distribute.CrossDeviceOps):
+    """TF 1's CrossTowerOps: the base class, with TF 1's value contract.
+
+    As `CrossDeviceOps` (TF 1's `_reduce` / `_batch_reduce` hooks, or TF 2's
+    `*_implementation` ones), but reduce, batch_reduce and broadcast give a
+    TF 1 `Mirrored` for every destination count, as TF 1 did.
+    """
+
+
 class ReductionToOneDeviceCrossTowerOps(
-    LegacyArguments, tf_crossdevice.ReductionToOneDevice
+    LegacyArguments, TF1Results, tf_crossdevice.ReductionToOneDevice
 ):
-    """TF 1's name for `tf_crossdevice.ReductionToOneDevice`."""
+    """TF 1's name for `tf_crossdevice.ReductionToOneDevice`.
+
+    Results are TF 1 `Mirrored` values, one destination included:
+
+    >>> value = tf_crossdevice.testing.per_replica(
+    ...     [tf.constant(1.0), tf.constant(3.0)])
+    >>> ops = ReductionToOneDeviceCrossTowerOps()
+    >>> float(ops.reduce(ReduceOp.MEAN, value, "/cpu:0").get("/cpu:0"))
+    2.0
+    >>> total = ops.reduce("sum", value, None)
+    >>> [float(total.get(d)) for d in ("/cpu:0", "/cpu:1")]
+    [4.0, 4.0]
+    """
 
 
 class ReductionToOneDevice(
@@ -83,7 +135,7 @@ class ReductionToOneDevice(
 
 
 class AllReduceCrossTowerOps(
-    LegacyArguments, tf_crossdevice.AllReduceCrossDeviceOps
+    LegacyArguments, TF1Results, tf_crossdevice.AllReduceCrossDeviceOps
 ):
     """TF 1's name for `tf_crossdevice.AllReduceCrossDeviceOps`."""
 
@@ -99,15 +151,19 @@ class HierarchicalCopyAllReduce(
 
 
 class MultiWorkerAllReduce(
-    LegacyArguments, tf_crossdevice.MultiWorkerAllReduce
+    LegacyArguments, TF1Results, tf_crossdevice.MultiWorkerAllReduce
 ):
-    """TF 1's `MultiWorkerAllReduce`, with TF 1's arguments."""
+    """TF 1's `MultiWorkerAllReduce`: TF 1's arguments and results."""
 
 
-class CollectiveAllReduce(LegacyArguments, tf_crossdevice.CollectiveAllReduce):
-    """TF 1's `CollectiveAllReduce`, with TF 1's arguments."""
+class CollectiveAllReduce(
+    LegacyArguments, TF1Results, tf_crossdevice.CollectiveAllReduce
+):
+    """TF 1's `CollectiveAllReduce`: TF 1's arguments and results."""
 
 
+# isinstance(ops, CrossTowerOps) holds for every legacy class, as TF 1 code
+# checks; only TF 1's names (and CrossTowerOps subclasses) give TF 1 values.
 for _legacy in (
     ReductionToOneDeviceCrossTowerOps,
     ReductionToOneDevice,
@@ -117,7 +173,7 @@ for _legacy in (
     MultiWorkerAllReduce,
     CollectiveAllReduce,
 ):
-    CrossDeviceOps.register(_legacy)
+    CrossTowerOps.register(_legacy)
 
 ReduceOp = tf.distribute.ReduceOp
 

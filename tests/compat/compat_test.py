@@ -170,7 +170,10 @@ def test_legacy_classes_are_the_new_ones():
         cls = legacy(name)
         assert issubclass(cls, new), name
         assert issubclass(cls, legacy("CrossTowerOps")), name
-    assert legacy("CrossTowerOps") is legacy("CrossDeviceOps")
+        assert issubclass(cls, legacy("CrossDeviceOps")), name
+    # TF 1's base keeps TF 1's value contract; tf.compat.v1's keeps TF 2's.
+    assert issubclass(legacy("CrossTowerOps"), legacy("CrossDeviceOps"))
+    assert legacy("CrossTowerOps") is not legacy("CrossDeviceOps")
     assert legacy("ReduceOp") is tf.distribute.ReduceOp
 
 
@@ -534,3 +537,212 @@ def test_concat_and_split_packer_refuses_fewer_than_one_pack(num_packs):
     # only on the CrossDeviceOps classes.
     with pytest.raises(ValueError, match=r"^num_packs: expected an integer"):
         legacy("ConcatAndSplitPacker")(num_packs)
+
+
+# ---- TF 1's value contract: a Mirrored for every destination count ---------
+
+# The names that keep TF 1's contract, and the TF 2 names that keep TF 2's.
+TF1_NAMES = {
+    "ReductionToOneDeviceCrossTowerOps": (),
+    "AllReduceCrossTowerOps": ("hierarchical_copy",),
+    "MultiWorkerAllReduce": (["/job:localhost/replica:0/task:0"], 0, "pscpu"),
+    "CollectiveAllReduce": (),
+}
+TF2_NAMES = {
+    "ReductionToOneDevice": (),
+    "HierarchicalCopyAllReduce": (),
+    "CrossDeviceOps": None,
+}
+
+
+class TF1Sum:
+    """A TF 1 CrossTowerOps subclass: only TF 1's `_reduce` hook."""
+
+    def _reduce(self, reduce_op, per_replica_value, destinations):
+        return tf_crossdevice.ReductionToOneDevice().reduce(
+            reduce_op, per_replica_value, destinations
+        )
+
+
+def tf1_subclass(base):
+    return type(f"Legacy{base}", (TF1Sum, legacy(base)), {})()
+
+
+def make_any(name):
+    if name in ("CrossTowerOps", "CrossDeviceOps"):
+        return tf1_subclass(name)
+    return legacy(name)(*{**TF1_NAMES, **TF2_NAMES}[name])
+
+
+def one_and_three():
+    """The issue's value: 1.0 on CPU 0, 3.0 on CPU 1."""
+    return testing.per_replica([tf.constant(1.0), tf.constant(3.0)])
+
+
+def assert_tf1_mirrored(result, want_devices, want):
+    assert isinstance(result, legacy("Mirrored")), type(result)
+    # Still TF 2's Mirrored for TF 2 code.
+    assert isinstance(result, tf.distribute.DistributedValues)
+    assert type(result).__mro__[1].__name__ == "Mirrored"
+    assert result.devices == tuple(cpu(i) for i in want_devices)
+    assert len(result.values) == len(want_devices)
+    local = tf.distribute.get_strategy().experimental_local_results(result)
+    assert len(local) == 1 and local[0] is result
+    for i in want_devices:
+        got = result.get(cpu(i))
+        assert got.device == cpu(i)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+        assert result.on_device(f"/cpu:{i}")
+    assert not result.on_device("/cpu:7")
+
+
+@pytest.mark.parametrize("name", [*sorted(TF1_NAMES), "CrossTowerOps"])
+def test_the_issue_example(name):
+    ops = make_any(name)
+    value = one_and_three()
+    mean = ops.reduce(tf.compat.v1.VariableAggregation.MEAN, value, cpu(0))
+    assert_tf1_mirrored(mean, [0], 2.0)
+    total = ops.reduce(tf.VariableAggregation.SUM, value, several(0, 1))
+    assert_tf1_mirrored(total, [0, 1], 4.0)
+    assert float(total.get(cpu(1))) == 4.0
+
+
+def several(*indices):
+    """Several destinations, as every class here takes them (TF 2's base
+    CrossDeviceOps refuses a list of strings)."""
+    return legacy("Mirrored")({cpu(i): tf.constant(0.0) for i in indices})
+
+
+@pytest.mark.parametrize("name", [*sorted(TF1_NAMES), "CrossTowerOps"])
+def test_tf1_names_give_mirrored_for_every_call(name):
+    ops = make_any(name)
+    a, b = per_device_value(), per_device_value(B, A)
+    # reduce: one destination (a string), several (a list), None.
+    assert_tf1_mirrored(ops.reduce("sum", a, "/cpu:2"), [2], A + B)
+    assert_tf1_mirrored(ops.reduce("mean", a, None), [0, 1], (A + B) / 2)
+    assert_tf1_mirrored(
+        ops.reduce(tf.VariableAggregation.ONLY_FIRST_REPLICA, a, "/cpu:3"),
+        [3],
+        A,
+    )
+    # batch_reduce: a list of them, one and several destinations.
+    results = ops.batch_reduce(
+        tf.VariableAggregation.SUM, [(a, "/cpu:1"), (b, several(0, 3))]
+    )
+    assert isinstance(results, list) and len(results) == 2
+    assert_tf1_mirrored(results[0], [1], A + B)
+    assert_tf1_mirrored(results[1], [0, 3], A + B)
+    # broadcast: one and several destinations.
+    with tf.device(cpu(0)):
+        tensor = tf.constant(A)
+    assert_tf1_mirrored(ops.broadcast(tensor, "/cpu:1"), [1], A)
+    assert_tf1_mirrored(ops.broadcast(tensor, several(1, 2)), [1, 2], A)
+
+
+@pytest.mark.parametrize("name", sorted(TF2_NAMES))
+def test_tf2_names_keep_tf2_results(name):
+    ops = make_any(name)
+    value = one_and_three()
+    one = ops.reduce("mean", value, "/cpu:0")
+    assert isinstance(one, tf.Tensor), type(one)
+    assert float(one) == 2.0
+    assert isinstance(ops.broadcast(tf.constant(2.0), "/cpu:1"), tf.Tensor)
+    (batched,) = ops.batch_reduce("sum", [(value, "/cpu:1")])
+    assert isinstance(batched, tf.Tensor)
+    total = ops.reduce("sum", value, several(0, 1))
+    assert not isinstance(total, legacy("Mirrored"))
+    assert isinstance(total, tf.distribute.DistributedValues)
+
+
+def test_get_without_a_device_is_the_current_device():
+    total = make_any("ReductionToOneDeviceCrossTowerOps").reduce(
+        "sum", one_and_three(), ["/cpu:1", "/cpu:0"]
+    )
+    assert total.devices == (cpu(1), cpu(0))
+    # No scope: the host's first CPU, as TF 1's device_util.current.
+    assert total.get() is total.values[1]
+    for i in (0, 1):
+        with tf.device(f"/cpu:{i}"):
+            assert total.get() is total.get(cpu(i))
+            assert total.get().device == cpu(i)
+    # Any spelling of the device, and a DeviceSpec.
+    assert total.get("/device:CPU:1") is total.values[0]
+    assert (
+        total.get(tf.DeviceSpec(device_type="CPU", device_index=1))
+        is (total.values[0])
+    )
+
+
+def test_get_of_another_device_names_the_argument_and_the_devices():
+    total = make_any("AllReduceCrossTowerOps").reduce(
+        "sum", one_and_three(), None
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^device: '/cpu:2' \(.*CPU:2\) is not a device of this "
+        r"Mirrored value; expected one of .*CPU:0, .*CPU:1$",
+    ):
+        total.get("/cpu:2")
+    with (
+        tf.device("/cpu:3"),
+        pytest.raises(
+            ValueError, match=r"^device: None \(the current device, .*CPU:3\)"
+        ),
+    ):
+        total.get()
+    with pytest.raises(TypeError, match="^device: expected None, a device"):
+        total.get(3)
+    with pytest.raises(ValueError, match="^device: 'nonsense'"):
+        total.get("nonsense")
+
+
+def test_get_in_a_strategys_cross_replica_context_falls_back_to_the_first():
+    # TF 1's Mirrored: cross-replica, off its devices, the first value.
+    total = make_any("ReductionToOneDeviceCrossTowerOps").reduce(
+        "sum", one_and_three(), ["/cpu:1", "/cpu:2"]
+    )
+    strategy = tf.distribute.MirroredStrategy(testing.cpu_devices(2))
+    with strategy.scope(), tf.device("/cpu:3"):
+        assert total.get() is total.values[0]
+        with tf.device("/cpu:2"):
+            assert total.get() is total.values[1]
+
+
+@pytest.mark.parametrize("name", sorted(TF1_NAMES))
+def test_tf1_results_inside_tf_function(name):
+    @tf.function(autograph=False)
+    def step():
+        ops = make_any(name)
+        value = one_and_three()
+        mean = ops.reduce(tf.VariableAggregation.MEAN, value, "/cpu:2")
+        total = ops.batch_reduce("sum", [(value, ["/cpu:0", "/cpu:1"])])[0]
+        copied = ops.broadcast(tf.constant(5.0), "/cpu:3")
+        with tf.device("/cpu:1"):
+            here = total.get()
+        assert mean.devices == (cpu(2),)
+        assert total.devices == (cpu(0), cpu(1))
+        assert copied.devices == (cpu(3),)
+        return mean.get("/cpu:2"), total.get(), here, copied.get(cpu(3))
+
+    got = [float(t) for t in step()]
+    assert got == [2.0, 4.0, 4.0, 5.0]
+
+
+def test_tf1_results_in_a_tf1_graph():
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        ops = make_any("ReductionToOneDeviceCrossTowerOps")
+        total = ops.reduce("sum", one_and_three(), "/cpu:1")
+        assert len(total.devices) == 1
+        assert total.devices[0].endswith("/device:CPU:1")
+        # The graph's names may lack the job; any spelling finds the value.
+        fetched = [total.get(cpu(1)), total.get("/cpu:1")]
+        with tf.device("/cpu:1"):
+            fetched.append(total.get())
+        assert session.run(fetched) == [4.0, 4.0, 4.0]
+
+
+def test_mirrored_from_a_dict_is_tf1s():
+    value = legacy("Mirrored")({"/cpu:1": tf.constant(2.0), "/cpu:0": A})
+    assert value.devices == (cpu(1), cpu(0))
+    np.testing.assert_allclose(value.get("/cpu:0").numpy(), A)
+    assert float(value.get("/cpu:1")) == 2.0

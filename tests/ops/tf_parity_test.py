@@ -53,14 +53,16 @@ def test_legacy_classes_take_tf1_aggregation(aggregation, want):
     value = testing.per_replica([tf.constant(1.0), tf.constant(3.0)])
     one_device = _legacy("ReductionToOneDeviceCrossTowerOps")()
     all_reduce = _legacy("AllReduceCrossTowerOps")("hierarchical_copy")
+    # The legacy names keep TF 1's contract: a Mirrored even for one
+    # destination, read with get(device).
     got = one_device.reduce(aggregation, value, "/cpu:0")
-    assert float(got) == want
+    assert float(got.get("/cpu:0")) == want
     (batched,) = all_reduce.batch_reduce(aggregation, [(value, value)])
     assert [float(v) for v in batched.values] == [want, want]
     keyword = one_device.reduce(
         aggregation=aggregation, per_device_value=value, destinations="/cpu:0"
     )
-    assert float(keyword) == want
+    assert float(keyword.get("/cpu:0")) == want
 
 
 def test_tf1_aggregation_that_is_no_reduction_names_the_allowed_ones():
@@ -72,7 +74,7 @@ def test_tf1_aggregation_that_is_no_reduction_names_the_allowed_ones():
     first = ops.reduce(
         tf.compat.v1.VariableAggregation.ONLY_FIRST_TOWER, value, "/cpu:0"
     )
-    assert float(first) == 1.0
+    assert float(first.get("/cpu:0")) == 1.0
 
 
 # 2. One destination: the plain tensor -------------------------------------

@@ -2,7 +2,13 @@
 
 _RUNNER = "tests/bazel_pytest_main.py"
 
-def pytest_tests(deps, slow = [], multiprocess = [], long = [], data = {}):
+def pytest_tests(
+        deps,
+        slow = [],
+        multiprocess = [],
+        long = [],
+        wiring = [],
+        data = {}):
     """Declares a py_test, named after the file, for every tests/*_test.py.
 
     Each runs tests/bazel_pytest_main.py, which runs pytest on that one file
@@ -18,6 +24,9 @@ def pytest_tests(deps, slow = [], multiprocess = [], long = [], data = {}):
         TensorFlow test on few cores, workers can miss their start-up
         deadlines) and "requires-network" (they talk over 127.0.0.1).
       long: other tests that need more than a medium test's 5 minutes.
+      wiring: tests tagged "wiring", as paths under tests/ without ".py"
+        (e.g. "core/checks_test"): the only ones, with //:doctest, that
+        .bazelrc's default `bazel test` runs; `--config=full` runs all.
       data: extra runfiles by test name, e.g. another test file it imports.
     """
     files = native.glob(["tests/**/*_test.py"])
@@ -25,8 +34,14 @@ def pytest_tests(deps, slow = [], multiprocess = [], long = [], data = {}):
     for name in slow + multiprocess + long + list(data):
         if name not in names:
             fail("pytest_tests: no tests/%s.py for the name '%s'" % (name, name))
+    for path in wiring:
+        if "tests/%s.py" % path not in files:
+            fail("pytest_tests: no tests/%s.py for the wiring test" % path)
+    wiring_names = [path.split("/")[-1] for path in wiring]
     for name, src in zip(names, files):
         tags = []
+        if name in wiring_names:
+            tags.append("wiring")
         if name in slow:
             tags.append("slow")
         if name in multiprocess:

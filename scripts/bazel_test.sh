@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# Runs `bazel test //...` offline with the repository's .bazelrc.
+# Runs `bazel test //...` offline with the repository's .bazelrc: it builds
+# every target (each py_library, py_binary and py_test) and runs the tests
+# tagged "wiring" (//:doctest and one test file per tests/ folder,
+# WIRING_TESTS in BUILD); scripts/run_tests.sh runs every test with pytest.
 #
 #   PYTHON=/path/to/venv/bin/python bash scripts/bazel_test.sh [bazel test flags]
 #
 # $PYTHON (default: python3 on PATH) must have tensorflow and pytest; its
 # directory goes first on PATH, and .bazelrc passes PATH to the tests, so
 # Bazel's Python toolchain runs the tests with "$(dirname $PYTHON)/python3".
-# Extra arguments go to `bazel test`: --config=full also runs the tests tagged
-# slow (left out by default, see .bazelrc), --config=quick leaves out
-# multiprocess tests too.
+# Extra arguments go to `bazel test`: --config=full runs every test, the ones
+# tagged slow included; --config=quick every test but the slow and
+# multiprocess ones (see .bazelrc).
 #
 # Without bazel, the script installs Debian's bazel-bootstrap and
-# bazel-bootstrap-source with apt-get when it can (root, or sudo without a
-# password); otherwise it prints "skipping bazel: <reason>" and exits 0.
-# When bazel runs, the exit code is bazel's. The Bazel server is shut down
+# bazel-bootstrap-source with apt-get, as root or with sudo without a
+# password. Where that cannot possibly work (no apt-get, or neither root nor
+# passwordless sudo) it prints "skipping bazel: <reason>" and exits 0. Where it
+# can, a failed apt-get, or a bazel still missing after it, is an error (exit
+# 1). When bazel runs, the exit code is bazel's. The Bazel server is shut down
 # afterwards, and no bazel-* symlinks are left in the tree (.bazelrc).
 set -euo pipefail
 
@@ -21,35 +26,50 @@ cd "$(dirname "$0")/.."
 MOCK_REPOS=/usr/src/bazel-bootstrap/mock_repos
 
 skip() {
-  echo "skipping bazel: $*"
+  echo "skipping bazel: $* (Bazel cannot be installed on this machine;" \
+    "the Bazel build and its tests did NOT run)"
   exit 0
+}
+
+fail() {
+  echo "bazel_test.sh: $*" >&2
+  exit 1
 }
 
 as_root() {
   if [[ $(id -u) -eq 0 ]]; then
     "$@"
-  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-    sudo -n "$@"
   else
-    return 1
+    sudo -n "$@"
   fi
 }
 
 install_bazel() {
   command -v apt-get >/dev/null || skip "$1, and apt-get is not available"
+  if [[ $(id -u) -ne 0 ]] \
+    && ! { command -v sudo >/dev/null && sudo -n true 2>/dev/null; }; then
+    skip "$1, and this user is neither root nor allowed sudo without a" \
+      "password, so apt-get cannot install it"
+  fi
   echo "installing Debian's bazel-bootstrap ($1)"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
-    || skip "$1, and apt-get update failed (not root, or offline?)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+    || fail "$1, and \`apt-get update\` failed (offline?); install" \
+      "bazel-bootstrap and bazel-bootstrap-source by hand"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     bazel-bootstrap bazel-bootstrap-source >/dev/null \
-    || skip "$1, and apt-get install bazel-bootstrap failed"
+    || fail "$1, and \`apt-get install bazel-bootstrap" \
+      "bazel-bootstrap-source\` failed"
 }
 
 if ! command -v bazel >/dev/null; then
   install_bazel "bazel is not installed"
+  command -v bazel >/dev/null \
+    || fail "bazel-bootstrap is installed but there is no bazel on PATH"
 fi
 if [[ ! -d $MOCK_REPOS ]]; then
   install_bazel "$MOCK_REPOS (bazel-bootstrap-source) is missing"
+  [[ -d $MOCK_REPOS ]] \
+    || fail "bazel-bootstrap-source is installed but $MOCK_REPOS is missing"
 fi
 
 PYTHON_PATH=$(command -v "${PYTHON:-python3}" || true)

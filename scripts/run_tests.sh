@@ -2,8 +2,10 @@
 # Installs tf_crossdevice and its test tools into a fresh .venv (from nothing
 # but python3) and runs every check: format, lint, types, the import
 # contracts (.importlinter), the documentation site's strict build, the Bazel
-# build (when Bazel is, or can be, installed), then the whole pytest suite
-# with doctests. pytest runs last so that its summary is the closing line.
+# build of every target with its wiring tests (scripts/bazel_test.sh; it fails
+# if Bazel can be installed here but the install or the build fails, and
+# skips only where it cannot be installed), then the whole pytest suite with
+# doctests. pytest runs last so that its summary is the closing line.
 # The venv gets tensorflow-cpu (the [cpu] extra): the package itself never
 # installs a TensorFlow wheel over the one a user has.
 set -euo pipefail
@@ -26,7 +28,8 @@ echo "== mkdocs build --strict (the documentation site, into a temporary folder)
 SITE_DIR=$(mktemp -d)
 trap 'rm -rf "$SITE_DIR"' EXIT
 .venv/bin/mkdocs build --strict --quiet --site-dir "$SITE_DIR"
-echo "== bazel test //... (offline; .bazelrc)"
+echo "== bazel test //... (offline; .bazelrc: builds every target, runs the" \
+  "wiring tests)"
 PYTHON="$PWD/.venv/bin/python" bash scripts/bazel_test.sh
 echo "== pytest (every test, slow ones included, and every doctest)"
 # loadgroup: conftest.py keeps tests sharing a module-scoped setup on one

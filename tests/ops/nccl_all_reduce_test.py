@@ -2,8 +2,8 @@
 
 TensorFlow registers NCCL for GPUs only. On CPU devices NcclAllReduce logs one
 warning naming the devices and sums on the first device; these tests pin
-that behaviour. On a machine with GPUs the same contract runs through
-TensorFlow's NCCL kernels.
+that behaviour. Every test here runs on logical CPU devices: none of them
+reaches TensorFlow's NCCL kernels.
 """
 
 import numpy as np

@@ -53,8 +53,9 @@ REFERENCES = tuple(
 def references(group: Group) -> list[str]:
     """The entries a group's targets compare, for the confirmation rounds:
     REFERENCES and autotune's entry; across workers also the candidate
-    with autotune's configuration, the best of MWMS, of our hierarchical
-    and of our flat strategy, and the compression target's entries."""
+    with autotune's configuration (its note quotes it beside autotune's own
+    time), the best of MWMS, of our hierarchical and of our flat strategy,
+    and the compression target's entries."""
     out = list(REFERENCES)
     entry = _autotune_entry(group)
     out += [entry.name] if entry else []
@@ -98,7 +99,8 @@ def _ms(seconds: float | None) -> str:
 def evaluate(groups: Sequence[Group]) -> list[Target]:
     """The targets that apply to the groups measured.
 
-    Single-process ResNet-50 counts at 4 devices (or any stand-in).
+    Single-process ResNet-50 counts at 4 devices (or any stand-in); across
+    workers (one device each) at every worker count.
     """
     out = []
     for g in groups:
@@ -115,8 +117,15 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
         if g.setting == "multi_worker" and not stand_in:
             out += _compression_targets(g, base)
         goals = TARGETS.get((base, g.setting), [])
-        if base == "resnet50" and g.num_replicas != 4 and not stand_in:
-            goals = []  # single process: the 4-device group counts
+        # In one process the ResNet-50 targets are stated for 4 logical
+        # devices: 2 and 8 split the same cores and memory bus into more or
+        # fewer replicas to show how the ratios move with n, and are not
+        # scored again. Across workers nothing ties the target to a count:
+        # each group times its own MWMS reference in the same run, so
+        # "ours best vs MWMS default" counts at 2 and 3 workers alike.
+        one_process = g.setting == "single_process"
+        if base == "resnet50" and one_process and not stand_in:
+            goals = goals if g.num_replicas == 4 else []
         ours, roof = g.time(g.ours_best), g.time(g.roofline)
         pack_unpack = g.time(sessions.PACK_UNPACK_BOUND)
         for reference, threshold in goals:
@@ -242,35 +251,35 @@ def line(target: Target) -> str:
 
 
 # autotune is worth its search only if it finds, within its budget, a choice
-# within 10% of the fastest candidate of the same run (ratio >= 1/1.1).
+# within 10% of the fastest candidate of the same run: autotune's own time /
+# the fastest's <= 1.1, scored as the fastest's / autotune's >= 1/1.1.
 AUTOTUNE = "autotune"
 AUTOTUNE_WITHIN = 1 / 1.1
 
 
 def _autotune_targets(g: Group) -> list[Target]:
-    """autotune's choice against the fastest of ours and of all candidates
-    (figures from the confirmation rounds; across workers, a choice that is
-    one of the candidates counts with that candidate's time), and its
-    search time against the budget its entry's name states."""
+    """autotune's own entry against the fastest of ours and of all
+    candidates, each timed independently in the same run (figures from the
+    confirmation rounds), in every setting; and its search time against the
+    budget its entry's name states.
+
+    Across workers its choice is usually one of the candidates, but judging
+    it by that candidate's time would score picking the fastest 1.00 by
+    construction: what autotune hands back is its own reduction, so its own
+    entry's time is what counts (the note gives the chosen candidate's).
+    """
     entry = _autotune_entry(g)
     if entry is None:
         return []
-    mine, timing = g.time(entry.name), entry.timing
+    timing = entry.timing
+    mine = g.time(entry.name) if entry.ok else None
     bests = [n for n in (g.ours_best, g.tf_best) if g.time(n) is not None]
     fastest = min(bests, key=lambda n: g.time(n) or 0.0, default=None)
     where = f"{g.workload}, {g.scope}"
-    chose = f"autotune chose {timing.chosen} ({_ms(mine)})"
+    chose = f"autotune chose {timing.chosen} ({_ms(mine)}, its own entry)"
     same = _chosen_candidate(g, entry)
     if same is not None and g.time(same) is not None:
-        # Across workers its choice is one of the candidates: judge the
-        # configuration by that candidate's time, as the fastest's is
-        # judged, rather than by a second instance of it (two in-graph
-        # entries of one configuration differed by 12% across 2 workers).
-        mine = g.time(same)
-        chose = (
-            f"autotune chose the candidate {same} ({_ms(mine)}; its own "
-            f"entry {_ms(g.time(entry.name))})"
-        )
+        chose += f"; that candidate, {same}, {_ms(g.time(same))}"
     out = []
     for label, other in (("ours best", g.ours_best), ("fastest", fastest)):
         measured = ratio(g.time(other), mine)
@@ -278,7 +287,7 @@ def _autotune_targets(g: Group) -> list[Target]:
         note = f"{chose}; {label}: {other} ({_ms(g.time(other))})"
         out.append(
             Target(
-                f"{where}: {label} / autotune's choice",
+                f"{where}: {label} / autotune's own time",
                 measured,
                 round(AUTOTUNE_WITHIN, 3),
                 met,

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import tensorflow as tf
 
 from tf_crossdevice.algorithms import _flat
-from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.compression import _codec as codec
 
 Move = tuple[int, int, int]
 """(source device index, destination device index, chunk index)."""
@@ -49,11 +49,11 @@ class Chunks:
         tensors: Sequence[tf.Tensor],
         num_chunks: int,
         compression: str | None = None,
-        same_worker: compression_lib.SameWorker | None = None,
+        same_worker: codec.SameWorker | None = None,
     ):
         self._tensors = list(tensors)
         self._devices = [t.device for t in tensors]
-        self._wire = compression_lib.Wire(
+        self._wire = codec.Wire(
             self._devices, tensors[0].dtype, compression, same_worker
         )
         self._chunks = [_flat.split_flat(t, num_chunks) for t in tensors]

@@ -36,7 +36,7 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _exchange, _flat
 from tf_crossdevice.algorithms import _halving_doubling_schedule as hd
 from tf_crossdevice.algorithms import _protocol as protocol
-from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.compression import _codec as codec
 
 
 # Plain Python loops over the schedule: nothing for AutoGraph to convert,
@@ -47,7 +47,7 @@ def halving_doubling_all_reduce(
     num_shards: int = 1,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> list[tf.Tensor]:
     """Sums `tensors` elementwise by recursive halving and doubling.
 
@@ -123,7 +123,7 @@ def builder(
     shards: int = 1,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> protocol.AllReduceBuilder:
     """The registry's factory: `shards` independent halving-doublings."""
     return protocol.bind_shards(

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _hierarchical_copy_schedule as schedule
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _reduction_to_one_device as one_device
-from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.compression import _codec as codec
 
 
 def hierarchical_copy_all_reduce(
@@ -20,7 +20,7 @@ def hierarchical_copy_all_reduce(
     tensor_index: int = 0,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> list[tf.Tensor]:
     """All-reduce (sum) of one tensor per device by hierarchical copy.
 
@@ -51,9 +51,7 @@ def hierarchical_copy_all_reduce(
     if len(tensors) == 1:
         return one_device.copy_to_devices(tensors[0], devices)
     plan = schedule.hierarchical_copy_plan(len(tensors), tensor_index)
-    wire = compression_lib.Wire(
-        devices, tensors[0].dtype, compression, same_worker
-    )
+    wire = codec.Wire(devices, tensors[0].dtype, compression, same_worker)
     main_root = devices[plan.main_root]
     main_sum = one_device.sum_on_device(
         [wire.receive(tensors[i], main_root) for i in plan.main_group],
@@ -80,7 +78,7 @@ def builder(
     shards: int = 1,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> protocol.AllReduceBuilder:
     """The registry's factory: one hierarchical copy per shard; shard `s`
     of value `k` rotates the main device to `k * shards + s`."""

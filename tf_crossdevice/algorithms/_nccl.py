@@ -26,7 +26,7 @@ from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core import tf_internal
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _reduction_to_one_device as one_device
-from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.compression import _codec as codec
 
 
 def nccl_unavailable_reason(devices: Sequence[str]) -> str | None:
@@ -54,7 +54,7 @@ def nccl_all_reduce(
     tensors: Sequence[tf.Tensor],
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> list[tf.Tensor]:
     """All-reduce (sum) with NCCL, or on one device where NCCL cannot run.
 
@@ -76,9 +76,7 @@ def nccl_all_reduce(
         raise ValueError("tensors: expected at least one tensor, got none")
     devices = [t.device for t in tensors]
     reason = nccl_unavailable_reason(devices) if len(tensors) > 1 else None
-    wire = compression_lib.Wire(
-        devices, tensors[0].dtype, compression, same_worker
-    )
+    wire = codec.Wire(devices, tensors[0].dtype, compression, same_worker)
     if wire.active and reason is None:
         raise ValueError(
             f"compression: {compression!r} cannot apply to NCCL, which sums "
@@ -113,7 +111,7 @@ def builder(
     shards: int = 1,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> protocol.AllReduceBuilder:
     """The registry's factory: `shards` independent NCCL all-reduces."""
 

@@ -45,7 +45,7 @@ from tf_crossdevice.algorithms import _ring as ring
 from tf_crossdevice.algorithms import _shuffle as shuffle
 from tf_crossdevice.algorithms import _spec as spec_lib
 from tf_crossdevice.algorithms import _two_level as two_level
-from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.compression import _codec as codec
 
 AllReduceBuilder: TypeAlias = protocol.AllReduceBuilder
 BuilderFactory: TypeAlias = protocol.BuilderFactory
@@ -128,7 +128,7 @@ def build(
     shards: int = 1,
     *,
     group_devices: two_level.GroupDevices | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
     compression: str | None = None,
     argument: str = "alg",
 ) -> AllReduceBuilder:
@@ -156,7 +156,7 @@ def build(
     """
     check_algorithm(name, argument)
     checks.positive_int(shards, "shards")
-    compression = compression_lib.check_compression(compression)
+    compression = codec.check_compression(compression)
     parts = spec_lib.split_two_level(name)
     if parts is None:
         if group_devices is not None:
@@ -178,7 +178,7 @@ def _make(
     name: str,
     shards: int,
     compression: str | None,
-    same_worker: compression_lib.SameWorker | None,
+    same_worker: codec.SameWorker | None,
 ) -> AllReduceBuilder:
     if compression is None and same_worker is None:
         return _FACTORIES[name](shards)

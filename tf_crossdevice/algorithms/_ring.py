@@ -25,7 +25,7 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _exchange, _flat
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _ring_schedule as ring
-from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.compression import _codec as codec
 
 
 # Plain Python loops over the schedule: nothing for AutoGraph to convert,
@@ -36,7 +36,7 @@ def ring_all_reduce(
     num_shards: int = 1,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> list[tf.Tensor]:
     """Sums `tensors` elementwise with `num_shards` parallel rings.
 
@@ -101,7 +101,7 @@ def builder(
     shards: int = 1,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> protocol.AllReduceBuilder:
     """The registry's factory: `ring_all_reduce` with `shards` rings."""
     return protocol.bind_shards(

@@ -34,7 +34,7 @@ from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice.algorithms import _flat
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _shuffle_schedule as shuffle_schedule
-from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.compression import _codec as codec
 
 
 def _split(flat: tf.Tensor, num_elements: int | None, num_shards: int):
@@ -59,7 +59,7 @@ def shuffle_all_reduce(
     num_shards: int = 1,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> list[tf.Tensor]:
     """Sums `tensors` elementwise by gathering shards on `gather_devices`.
 
@@ -136,7 +136,7 @@ def shuffle_all_reduce(
                 outputs.append(tf.identity(t))
         return outputs
 
-    wire = compression_lib.Wire(
+    wire = codec.Wire(
         [t.device for t in tensors] + list(gather_devices),
         tensors[0].dtype,
         compression,
@@ -205,7 +205,7 @@ def pscpu_builder(
     shards: int = 1,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> protocol.AllReduceBuilder:
     """The registry's "pscpu": gathers on the workers' host CPUs."""
 
@@ -226,7 +226,7 @@ def psgpu_builder(
     shards: int = 1,
     *,
     compression: str | None = None,
-    same_worker: compression_lib.SameWorker | None = None,
+    same_worker: codec.SameWorker | None = None,
 ) -> protocol.AllReduceBuilder:
     """The registry's "psgpu": gathers on the replicas' own devices."""
 

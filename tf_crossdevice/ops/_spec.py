@@ -10,7 +10,7 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _registry as registry
 from tf_crossdevice.algorithms import _spec as spec_lib
-from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.compression import _codec as codec
 from tf_crossdevice.ops import _base
 from tf_crossdevice.packing import _packed_all_reduce as packed
 
@@ -89,7 +89,7 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
         self._spec = spec_lib.parse_all_reduce_spec(
             all_reduce_spec, registry.algorithm_names()
         )
-        self._compression = compression_lib.check_compression(compression)
+        self._compression = codec.check_compression(compression)
         self._builders = {
             r: registry.build(r.alg, r.shards, compression=self._compression)
             for r in self._spec

@@ -6,7 +6,7 @@ import collections
 from collections.abc import Sequence
 from typing import Any
 
-from tf_crossdevice.compression import _codec as compression
+from tf_crossdevice.compression import _codec as codec
 from tf_crossdevice.tuning import cost_model
 from tf_crossdevice.tuning._configs import Config
 from tf_crossdevice.tuning._topology import GradientList, Topology, num_bytes
@@ -81,9 +81,9 @@ def timed_candidates(
             for s in specs
         ]
         floats = any(d in ("float32", "float64") for _, d in gradients)
-        for codec in compression.COMPRESSIONS if floats else ():
+        for wire in codec.COMPRESSIONS if floats else ():
             out += [
-                ("MultiWorkerAllReduce", _spec(s, p) | {"compression": codec})
+                ("MultiWorkerAllReduce", _spec(s, p) | {"compression": wire})
                 for p in packings
                 for s in specs[:2]
             ]

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from tf_crossdevice._core import checks as _checks
 from tf_crossdevice._core import tf_internal
-from tf_crossdevice.compression import _codec as compression_lib
+from tf_crossdevice.compression import _codec as codec
 from tf_crossdevice.ops import _base
 
 __all__ = [
@@ -264,9 +264,7 @@ class Inputs:
         the codec's rounding (`compression.sum_tolerance`)."""
         if not compression:
             return self.check
-        return self.check_close(
-            compression_lib.sum_tolerance(compression, num_workers)
-        )
+        return self.check_close(codec.sum_tolerance(compression, num_workers))
 
     def check_inputs(
         self, results: Results, devices: list[list[str]]

@@ -148,7 +148,7 @@ def test_quick_run_json_has_every_figure_and_every_result_verified(quick_run):
 def test_quick_run_multi_worker_group_times_the_16_bit_bounds_and_autotune(
     quick_run,
 ):
-    # Issue #15: the copy of the same bytes in 16 bits bounds compression,
+    # The copy of the same bytes in 16 bits bounds compression,
     # and autotune searches our in-graph candidates across the workers.
     _, output = quick_run
     run = records.Run.read(output / "results.json")
@@ -257,7 +257,7 @@ def test_confirmation_rounds_decide_the_targets_figures():
 
 
 def test_autotune_targets_compare_its_choice_and_its_search_time():
-    """Issue #15: within 10% of the fastest of the same run, in budget."""
+    """Within 10% of the fastest of the same run, and within the budget."""
     group = records.Group("single_process", "w", "", 4, 1, 8, 2, "float32")
     entry = records.entry_of
     results = [
@@ -659,7 +659,7 @@ def test_full_run_candidates_cover_the_issue_list():
         "TF MWMS RING bytes_per_pack=4MiB",
         "TF MWMS RING bytes_per_pack=32MiB",
     ]
-    # Each setting uncompressed, then with bf16, then with fp16 (#15).
+    # Each setting uncompressed, then with bf16, then with fp16.
     assert mw[5:] == [
         f"ours MultiWorkerAllReduce {spec}{p}{codec}"
         for codec in ("", " compression=bf16", " compression=fp16")

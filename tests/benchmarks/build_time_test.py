@@ -1,4 +1,4 @@
-"""Graph size of batched all-reduces (issue #15), and that batching keeps
+"""Graph size of batched all-reduces, and that batching keeps
 every sum: numpy's, and bit for bit the per-tensor builders' floats.
 
 No timing asserts: the graph's op count stands in for build time (tracing

@@ -51,11 +51,15 @@ def format_size(num_bytes: int) -> str:
     return f"{value:.0f} {unit}"
 
 
-def _ms(seconds: float | None) -> str:
-    return f"{seconds * 1e3:.3f}" if seconds is not None else "-"
+def format_ms(seconds: float | None) -> str:
+    """Seconds as milliseconds with 3 decimals; '-' for none or infinite."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    return f"{seconds * 1e3:.3f}"
 
 
-def _num(value: float | None) -> str:
+def format_ratio(value: float | None) -> str:
+    """A ratio with 2 decimals; '-' for none."""
     return f"{value:.2f}" if value is not None else "-"
 
 
@@ -67,7 +71,7 @@ def _row(g: Group, r: Result) -> str:
     t = r.timing
     q25, q75 = t.q25_seconds, t.q75_seconds
     iqr = q75 - q25 if q25 is not None and q75 is not None else None
-    time = "FAILED" if not r.ok else _ms(r.time_seconds)
+    time = "FAILED" if not r.ok else format_ms(r.time_seconds)
     if r.ok and r.time_seconds is None:  # within noise, or no baseline time
         bases = {b.name: b.timing.median_seconds for b in g.baselines}
         time = (
@@ -78,9 +82,11 @@ def _row(g: Group, r: Result) -> str:
         name = "[ours] " + name.removeprefix("ours ")
     line = (
         f"{g.size_bytes:>12} {g.count:>11} {g.num_tensors:>7} {g.dtype:>7} "
-        f"{time:>10} {_ms(iqr):>9} {_num(r.algbw_gbps):>7} "
-        f"{_num(r.busbw_gbps):>7} {_num(r.roofline_fraction):>8} "
-        f"{_num(r.ratio_to_tf_best):>6} {r.build_seconds:>7.1f}  {name}"
+        f"{time:>10} {format_ms(iqr):>9} {format_ratio(r.algbw_gbps):>7} "
+        f"{format_ratio(r.busbw_gbps):>7} "
+        f"{format_ratio(r.roofline_fraction):>8} "
+        f"{format_ratio(r.ratio_to_tf_best):>6} {r.build_seconds:>7.1f}  "
+        f"{name}"
     )
     return line + (f"\n{'':>12} error: {t.error}" if not r.ok else "")
 
@@ -102,23 +108,24 @@ def group_table(g: Group) -> str:
     lines = [
         f"# {g.scope}: {g.workload} ({g.num_tensors} tensors, "
         f"{format_size(g.size_bytes)}) - {g.description}",
-        f"# roofline {_ms(g.roofline_seconds)} ms ({g.roofline}); TF best "
-        f"{_ms(g.tf_best_seconds)} ms ({g.tf_best}); ours best "
-        f"{_ms(g.ours_best_seconds)} ms ({g.ours_best})",
+        f"# roofline {format_ms(g.roofline_seconds)} ms ({g.roofline}); "
+        f"TF best {format_ms(g.tf_best_seconds)} ms ({g.tf_best}); ours best "
+        f"{format_ms(g.ours_best_seconds)} ms ({g.ours_best})",
     ]
     if g.confirmed:
         ours, tf_best, roof = map(g.time, (g.ours_best, g.tf_best, g.roofline))
         lines.append(
             f"# confirmed over {g.confirmed_rounds} more rounds: ours best "
-            f"{_ms(ours)} ms, TF best {_ms(tf_best)} ms, roofline "
-            f"{_ms(roof)} ms (vs TF {_num(ratio(tf_best, ours))}, "
-            f"roofline {_num(ratio(roof, ours))})"
+            f"{format_ms(ours)} ms, TF best {format_ms(tf_best)} ms, "
+            f"roofline {format_ms(roof)} ms "
+            f"(vs TF {format_ratio(ratio(tf_best, ours))}, "
+            f"roofline {format_ratio(ratio(roof, ours))})"
         )
     if g.note:
         lines.append(f"# {g.note}")
     lines += _state(g)
     for b in g.baselines:
-        state = b.timing.error or f"{_ms(b.timing.median_seconds)} ms"
+        state = b.timing.error or f"{format_ms(b.timing.median_seconds)} ms"
         lines.append(f"# {b.name}: {state}")
     lines += ["#", _HEADER]
     return "\n".join(lines + [_row(g, r) for r in _sorted(g.results)])
@@ -192,9 +199,11 @@ def markdown_summary(run: Run) -> str:
             continue
         ours, tf_best, roof = map(g.time, (g.ours_best, g.tf_best, g.roofline))
         lines.append(
-            f"{head} {(g.tf_best or '-').removeprefix('TF ')} {_ms(tf_best)} "
-            f"ms | {(g.ours_best or '-').removeprefix('ours ')} {_ms(ours)} ms"
-            f" | {_num(ratio(tf_best, ours))} | {_num(ratio(roof, ours))} |"
+            f"{head} {(g.tf_best or '-').removeprefix('TF ')} "
+            f"{format_ms(tf_best)} ms | "
+            f"{(g.ours_best or '-').removeprefix('ours ')} "
+            f"{format_ms(ours)} ms | {format_ratio(ratio(tf_best, ours))} | "
+            f"{format_ratio(ratio(roof, ours))} |"
         )
     if run.targets:
         lines += ["", "Targets:", ""]

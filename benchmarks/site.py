@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from benchmarks import records
-from benchmarks.report import format_size
+from benchmarks.report import format_ms, format_ratio, format_size
 
 RECORDS_DIR = pathlib.Path(__file__).resolve().parents[1] / "docs/benchmark"
 PAGE_NAME = "index.md"
@@ -53,16 +53,6 @@ times the best of each family again side by side (confirmation rounds).
   the same run: the fastest plain sum in one process, a TCP loopback copy
   between worker processes).
 """
-
-
-def _ms(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    return f"{seconds * 1e3:.3f}"
-
-
-def _num(value: float | None) -> str:
-    return f"{value:.2f}" if value is not None else "-"
 
 
 def _cell(text: object) -> str:
@@ -112,11 +102,11 @@ def summary_table(groups: Sequence[records.Group]) -> str:
             [
                 *head,
                 _name(g.tf_best, "TF "),
-                _ms(tf_best),
+                format_ms(tf_best),
                 _name(g.ours_best, "ours "),
-                _ms(ours),
-                _num(records.ratio(tf_best, ours)),
-                _num(records.ratio(roof, ours)),
+                format_ms(ours),
+                format_ratio(records.ratio(tf_best, ours)),
+                format_ratio(records.ratio(roof, ours)),
             ]
         )
     header = (
@@ -133,7 +123,7 @@ def summary_table(groups: Sequence[records.Group]) -> str:
     return _table(header, rows)
 
 
-def group_table(g: records.Group) -> str:
+def entries_table(g: records.Group) -> str:
     """Every candidate of one group, fastest first within each family."""
     order = {"roofline": 0, "bound": 1, "tf": 2, "ours": 3}
     rows = []
@@ -149,9 +139,9 @@ def group_table(g: records.Group) -> str:
             [
                 r.name,
                 r.family,
-                "failed" if not r.ok else _ms(t),
-                _num(records.ratio(tf_best, t)),
-                _num(records.ratio(roof, t)),
+                "failed" if not r.ok else format_ms(t),
+                format_ratio(records.ratio(tf_best, t)),
+                format_ratio(records.ratio(roof, t)),
             ]
         )
     return _table(("entry", "family", "time (ms)", "vs TF", "roofline"), rows)
@@ -177,7 +167,7 @@ def record_section(name: str, run: records.Run) -> str:
         lines += [f"### {name}: {title}", ""]
         if g.note:
             lines += [_cell(g.note), ""]
-        lines += [group_table(g), ""]
+        lines += [entries_table(g), ""]
     return "\n".join(lines)
 
 

@@ -70,6 +70,13 @@ def current_device() -> str:
     return ops.resolve_destinations("/", (), "device")[0]
 
 
+def _resolve(device: Any) -> str:
+    """`device` as a canonical string; None: the current device."""
+    if device is None:
+        return current_device()
+    return ops.resolve_destinations(_device_string(device), (), "device")[0]
+
+
 class Mirrored(ops.Mirrored):  # type: ignore[misc]
     """TF 1's Mirrored value: TF 2's, plus `get`, `devices`, `on_device`.
 
@@ -123,10 +130,7 @@ CPU:1) is not a device of this Mirrored value; expected one of \
 
     def on_device(self, device: Any) -> bool:
         """Whether the value has a copy on `device` (a string or DeviceSpec)."""
-        resolved = ops.resolve_destinations(
-            _device_string(device), (), "device"
-        )[0]
-        return self._find(resolved) is not None
+        return self._find(_resolve(device)) is not None
 
     def get(self, device: Any = None) -> Any:
         """The value on `device`, as TF 1's `DistributedValues.get`.
@@ -144,12 +148,7 @@ CPU:1) is not a device of this Mirrored value; expected one of \
             ValueError: the value has no copy on `device`.
             TypeError: `device` is not None, a string or a DeviceSpec.
         """
-        if device is None:
-            resolved = current_device()
-        else:
-            resolved = ops.resolve_destinations(
-                _device_string(device), (), "device"
-            )[0]
+        resolved = _resolve(device)
         index = self._find(resolved)
         if index is not None:
             return self.values[index]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -25,6 +26,27 @@ def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
         timeout=120,
     )
+
+
+def _installed_tensorflow_wheels() -> list[str]:
+    """The TensorFlow distributions installed, e.g. ['tensorflow-cpu'].
+
+    More than one means two TensorFlow wheels share one `tensorflow` module
+    and the last one installed wins.
+    """
+    names = set()
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name in (
+            "tensorflow",
+            "tensorflow-cpu",
+            "tensorflow-gpu",
+            "tf-nightly",
+            "tf-nightly-cpu",
+            "intel-tensorflow",
+        ):
+            names.add(name)
+    return sorted(names)
 
 
 def test_without_tensorflow_the_error_says_what_to_install():
@@ -62,7 +84,7 @@ def test_other_versions_are_refused(version):
 
 def test_this_environment_has_exactly_one_tensorflow_wheel():
     # README's commands install the package with the [cpu] extra.
-    assert requirements.installed_tensorflow_wheels() == ["tensorflow-cpu"]
+    assert _installed_tensorflow_wheels() == ["tensorflow-cpu"]
 
 
 def test_installing_beside_tensorflow_cpu_adds_no_tensorflow(tmp_path):

@@ -8,8 +8,6 @@ what to install when none, or another version, is found.
 
 from __future__ import annotations
 
-import importlib.metadata
-
 __version__ = "0.1.0"
 
 SUPPORTED_TENSORFLOW = "2.21"
@@ -58,24 +56,3 @@ def require_tensorflow() -> None:
             ) from error
         raise
     check_tensorflow_version(tf.__version__)
-
-
-def installed_tensorflow_wheels() -> list[str]:
-    """The TensorFlow distributions installed, e.g. ['tensorflow-cpu'].
-
-    More than one means two TensorFlow wheels share one `tensorflow` module
-    and the last one installed wins.
-    """
-    names = set()
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name in (
-            "tensorflow",
-            "tensorflow-cpu",
-            "tensorflow-gpu",
-            "tf-nightly",
-            "tf-nightly-cpu",
-            "intel-tensorflow",
-        ):
-            names.add(name)
-    return sorted(names)

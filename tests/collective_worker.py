@@ -10,8 +10,11 @@ HierarchicalCollectiveAllReduce; "flat,hier" for both, in one process) and
 the test with `processes.reply` lines and ends when its test does
 (`exit_when_parent_goes`). Modes:
 
-- train: Keras `model.fit`, then a custom loop with `strategy.run`, on the
-  global batches of `batches_arrays()`; replies every replica's weights.
+- train: a variable created inside a tf.function step, with another
+  initial value on every worker; then Keras `model.fit` and a custom loop
+  with `strategy.run`, on the global batches of `batches_arrays()`, with
+  momentum SGD whose slots the optimizer creates in the first step;
+  replies every replica's copy of each.
 - trace: traces a `strategy.run` step that all-reduces `BYTES_SHAPES`,
   replies each collective op in its graph (type, device, group size and
   key, bytes), then runs it and replies the sums.
@@ -44,6 +47,7 @@ EMBED = 3
 FEATURES = 2
 HIDDEN = 4
 LEARNING_RATE = 0.1
+MOMENTUM = 0.5
 FIT_EPOCHS = 2
 LOOP_STEPS = NUM_EXAMPLES // GLOBAL_BATCH
 # The tensors the trace mode all-reduces (two dtypes: two packs per device).
@@ -235,17 +239,37 @@ def train(strategy, kind: str) -> None:
 
     from tf_crossdevice.cluster import processes
 
+    created: list = []
+
+    @tf.function
+    def create_in_step():
+        # As Keras layers, metrics and optimizers do: created on first call.
+        if not created:
+            with strategy.scope():
+                task = strategy.cluster_resolver.task_id
+                created.append(tf.Variable(float(task + 1)))
+        return created[0].read_value()
+
+    create_in_step()
+    in_step = [
+        float(v) for v in strategy.experimental_local_results(created[0])
+    ]
+
     ids, x, y = batches_arrays()
     ds = tf.data.Dataset.from_tensor_slices(((ids, x), y)).batch(
         GLOBAL_BATCH, drop_remainder=True
     )
     with strategy.scope():
         model = build_model()
-        model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), loss="mse")
+        model.compile(
+            optimizer=keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
+            loss="mse",
+        )
     history = model.fit(ds, epochs=FIT_EPOCHS, verbose=0)
     processes.reply(
         {
             "kind": kind,
+            "created_in_step": in_step,
             "fit": replica_weights(strategy, model),
             "fit_loss": [float(v) for v in history.history["loss"]],
         }
@@ -253,7 +277,8 @@ def train(strategy, kind: str) -> None:
 
     with strategy.scope():
         model = build_model()
-        optimizer = keras.optimizers.SGD(LEARNING_RATE)
+        optimizer = keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
+    assert not optimizer.built  # Its slots come in the first step.
 
     grad_types: list[str] = []
 

@@ -5,10 +5,12 @@ Each worker (tests/collective_worker.py, train mode) builds
 classes and 2 logical CPUs, trains a small model (Embedding, whose
 gradient is IndexedSlices, and two Dense layers) with Keras `model.fit`
 and then, from the same start, with a custom loop of `strategy.run` steps,
-and sends back every replica's copy of every variable. The reference is
-plain numpy SGD on the same global batches, computed here: no TensorFlow,
-no strategy, none of the code under test. Every worker is stopped when its
-test ends, also on failure.
+and sends back every replica's copy of every variable. The optimizer is
+momentum SGD, whose slot variables Keras creates inside the first traced
+step, as TensorFlow's multi-worker tutorial does. The reference is plain
+numpy momentum SGD on the same global batches, computed here: no
+TensorFlow, no strategy, none of the code under test. Every worker is
+stopped when its test ends, also on failure.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ NAMES = ["embedding", "kernel1", "bias1", "kernel2", "bias2"]
 
 
 def numpy_sgd(steps: int) -> tuple[dict[str, np.ndarray], list[float]]:
-    """Weights after `steps` SGD steps on the global batches, and losses.
+    """Weights after `steps` momentum SGD steps on the global batches, and
+    the losses. Keras's rule: m = MOMENTUM * m - LEARNING_RATE * g; w += m.
 
     The model: h = tanh([E[ids], x] @ W1 + b1), prediction h @ W2 + b2;
     the loss is the mean squared error over the global batch.
@@ -35,6 +38,7 @@ def numpy_sgd(steps: int) -> tuple[dict[str, np.ndarray], list[float]]:
     w = {k: v.astype(np.float64) for k, v in worker.initial_weights().items()}
     ids, x, y = worker.batches_arrays()
     per_epoch = worker.NUM_EXAMPLES // worker.GLOBAL_BATCH
+    velocity = {k: np.zeros_like(v) for k, v in w.items()}
     losses = []
     for step in range(steps):
         rows = slice(
@@ -59,7 +63,10 @@ def numpy_sgd(steps: int) -> tuple[dict[str, np.ndarray], list[float]]:
             "bias2": d_pred.sum(axis=0),
         }
         for k in w:
-            w[k] = w[k] - worker.LEARNING_RATE * grads[k]
+            velocity[k] = (
+                worker.MOMENTUM * velocity[k] - worker.LEARNING_RATE * grads[k]
+            )
+            w[k] = w[k] + velocity[k]
     return w, losses
 
 
@@ -95,6 +102,14 @@ def check_replicas(results: list[dict], key: str, expected: dict) -> None:
             atol=1e-6,
             err_msg=f"{key}: {name} differs from numpy SGD",
         )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_variable_created_inside_a_step_holds_the_chiefs_value(results, kind):
+    # Worker t creates the variable with t + 1: every replica of every
+    # worker must hold the chief's 1.0, broadcast when the step first runs.
+    for result in results[kind]:
+        assert result["created_in_step"] == [1.0] * worker.LOCAL_DEVICES
 
 
 @pytest.mark.parametrize("kind", KINDS)

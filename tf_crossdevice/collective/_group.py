@@ -77,9 +77,9 @@ class Group:
         self.key = keys.get_group_key([*self.devices, f"group_size:{size}"])
         self._tokens: dict[str, Any] = {}
 
-    def _instance_key(self, device: str) -> Any:
+    def _instance_key(self, device: str, call_time: bool = True) -> Any:
         graph = tf_internal.function_graph_being_built()
-        if graph is None:
+        if graph is None or not call_time:
             return self._keys.get_instance_key(self.key, device)
         with graph.as_default():
             return graph.capture_call_time_value(
@@ -106,7 +106,8 @@ class Group:
         common = {
             "group_size": self.size,
             "group_key": self.key,
-            "instance_key": self._instance_key(device),
+            # Unordered ops are the initial-value broadcasts, which run once.
+            "instance_key": self._instance_key(device, call_time=ordered),
             "communication_hint": hint(options, device),
             "timeout": options.timeout_seconds or 0,
         }
@@ -120,7 +121,11 @@ class Group:
         """The sending member's `value`, on every member.
 
         TensorFlow's broadcast ops take no ordering token; used for
-        variables' initial values, before any other collective.
+        variables' initial values, before any other collective. Its
+        instance key is fixed when the op is built, as in TensorFlow's
+        strategy: tf.function lifts the initializer of a variable created
+        while it traces out of the function and runs it once before it,
+        where a value captured at call time would never be fed.
         """
         ops = tf_internal.collective_ops()
         common = self._common(index, options, ordered=False)

@@ -166,6 +166,8 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
     def __init__(self, container, resolver, options, devices, ops, host):
         self._our_devices = tuple(devices)
         self._call_options: list[Options | None] = []
+        # The first replica's initial value of the variable being created.
+        self._first_initial_value: tf.Tensor | None = None
         super().__init__(container, resolver, options)
         self._cross_device_ops = ops
         self._host_cross_device_ops = host
@@ -201,21 +203,55 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
     def _get_variable_creator_initial_value(
         self, replica_id, device, primary_var, **kwargs
     ):
-        if replica_id != 0 or self._num_workers == 1:
+        if replica_id != 0:
+            # Inside a tf.function, a copy of the first replica's initial
+            # value rather than (as TensorFlow's MirroredStrategy does) of
+            # its variable, which the function creates: tf.function cannot
+            # lift a read of it out of the function, and falls back to
+            # initializing inside a conditional branch on the first call,
+            # where the instance keys of the step's collectives, captured
+            # at call time, are never fed.
+            first = self._first_initial_value
+            if (
+                first is not None
+                and first.graph is tf.compat.v1.get_default_graph()
+            ):
+                return lambda: _copy_to(first, device)
             return super()._get_variable_creator_initial_value(
                 replica_id=replica_id,
                 device=device,
                 primary_var=primary_var,
                 **kwargs,
             )
+        if self._num_workers == 1:
+            make = super()._get_variable_creator_initial_value(
+                replica_id=replica_id,
+                device=device,
+                primary_var=primary_var,
+                **kwargs,
+            )
+        else:
+            make = self._broadcast_initial_value(device, **kwargs)
+
+        def initial_value_fn() -> Any:
+            value = make() if callable(make) else make
+            first = getattr(value, "wrapped_value", value)
+            self._first_initial_value = (
+                None if tf.executing_eagerly() else tf.convert_to_tensor(first)
+            )
+            return value
+
+        return initial_value_fn
+
+    def _broadcast_initial_value(self, device: str, **kwargs) -> Any:
+        """The chief's initial value, on every worker's first replica."""
         group = Group(
             self._collective_keys, [device], self._num_workers, "init"
         )
         options = self._communication_options
         chief = self._is_chief
 
-        def initial_value_fn() -> tf.Tensor:
-            # The chief's initial value, on every worker's first replica.
+        def broadcast() -> tf.Tensor:
             with tf.device(device):
                 value = kwargs["initial_value"]
                 if callable(value):
@@ -224,7 +260,12 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
                 value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
                 return group.broadcast(0, value, chief, options)
 
-        return initial_value_fn
+        return broadcast
+
+
+def _copy_to(value: tf.Tensor, device: str) -> tf.Tensor:
+    with tf.device(device):
+        return tf.identity(value)
 
 
 def _local_devices(

@@ -6,11 +6,11 @@ and "tf" (ReductionToOneDevice, HierarchicalCopy with 1 and 4 packs,
 MirroredStrategy's default; across workers MultiWorkerMirroredStrategy's
 collective all-reduce).
 
-Ours come from the package's list, `tf_crossdevice.tuning.cost_model
-.candidates` (the grid the cost model prices), as the benchmark selects
-from it: every algorithm at one shard with every packing that changes the
-computation for the workload. The few of ours the grid does not hold are
-explicit additions below, each with its reason.
+Ours are a selection of the package's list, `tf_crossdevice.cost_model
+.candidates` (which the cost model prices and autotune selects from too):
+every algorithm at one shard with every packing that changes the
+computation for the workload, and MultiWorkerAllReduce's default spec;
+across workers, each again with every compression codec.
 
 >>> from benchmarks import workloads
 >>> group = single_process_candidates(workloads.many_small(8))
@@ -34,15 +34,8 @@ from typing import Any
 from benchmarks import workloads as workloads_lib
 from tf_crossdevice.tuning import cost_model
 
-NO_PACKING: dict[str, int] = {}
 PACKS_1 = {"num_packs": 1}
 PACKS_4 = {"num_packs": 4}
-# Tensors up to 64 KiB concatenated in groups of up to 1024 (the grid's
-# aggregation setting).
-AGGREGATE = {
-    "agg_small_grads_max_bytes": 64 << 10,
-    "agg_small_grads_max_group": 1024,
-}
 MWMS_BYTES_PER_PACK = (4 << 20, 32 << 20)
 # Wire compression of ours across workers (MultiWorkerAllReduce's
 # compression=); every multi-worker setting also runs with each.
@@ -50,35 +43,37 @@ COMPRESSIONS = cost_model.COMPRESSIONS
 # Our collectives, each inside tf_crossdevice.MultiWorkerMirroredStrategy.
 STRATEGY_OPS = ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
 
-# --- what the benchmark takes from the package's list, and adds ----------
+# --- what the benchmark takes from the package's list --------------------
 #
 # Taken from `cost_model.candidates`: in one process ReductionToOneDevice,
-# HierarchicalCopyAllReduce and SpecAllReduce; across workers (one device
-# each) MultiWorkerAllReduce, and the collectives for `strategy_candidates`.
-# Left out of it, and why:
-# - shard counts above 1 ((alg, n) specs): the grid prices 2, 4 and 8 for
-#   nothing; timing each would multiply a group's run by four.
+# hierarchical copy (HierarchicalCopyAllReduce, and AllReduceCrossDeviceOps
+# for small-tensor aggregation, which that class does not take) and
+# SpecAllReduce; across workers (one device each) MultiWorkerAllReduce, and
+# the collectives for `strategy_candidates`. Left out of it, and why:
+# - shard counts above 1 ((alg, n, -1) specs), except MultiWorkerAllReduce's
+#   default spec (MULTI_WORKER_DEFAULT_SPEC, the class's own, so that a
+#   choice of it gets a name here): timing 2, 4 and 8 would multiply a
+#   group's run by four.
 # - spec ranges (a list of (alg, shards, max_bytes)): a range runs, per
 #   pack, one of the algorithms timed alone here.
 # - collectives with 32 MiB packs: each between-graph candidate starts its
 #   own worker processes, so the benchmark keeps the class's own choice
 #   and 4 MiB.
 STRATEGY_LEFT_OUT_BYTES_PER_PACK = frozenset({32 << 20})
-# Added to it (ours, not in the grid):
-# - HierarchicalCopy with small-tensor aggregation: the grid's class takes
-#   num_packs only; the benchmark builds AllReduceCrossDeviceOps with
-#   all_reduce_alg="hierarchical_copy", which also aggregates.
-HIERARCHICAL_COPY_EXTRA = (AGGREGATE,)
-# - MultiWorkerAllReduce's default spec across one-device workers (the grid
-#   has a/b specs only with local devices): the class's default, and
-#   autotune's first spec across workers, so its choice gets a name here.
 MULTI_WORKER_DEFAULT_SPEC = ("pscpu/pscpu", 2, -1)
-# - every multi-worker setting again with each of COMPRESSIONS: the grid
-#   leaves compression to the caller; the compression targets
-#   (`targets.COMPRESSION_TARGETS`) compare bf16 with the same setting.
-# The order the tables list our algorithms in (the grid's own order in one
-# process); an algorithm not listed goes last.
-ALGORITHM_ORDER = ("pscpu", "psgpu", "xring", "rechd")
+# Every multi-worker setting runs again with each of COMPRESSIONS (the list
+# leaves compression to the caller): the compression targets
+# (`targets.COMPRESSION_TARGETS`) compare bf16 with the same setting.
+# The order the tables list our algorithms in (MultiWorkerAllReduce's
+# default spec first, then the list's own order in one process); an
+# algorithm not listed goes last.
+ALGORITHM_ORDER = (
+    MULTI_WORKER_DEFAULT_SPEC,
+    "pscpu",
+    "psgpu",
+    "xring",
+    "rechd",
+)
 # --quick's few of ours: one or two per class.
 QUICK = frozenset(
     {
@@ -175,14 +170,23 @@ def _from_grid(config: cost_model.Config) -> Candidate | None:
     name, kwargs = config
     if name == "ReductionToOneDevice" and not kwargs:
         return Candidate("ours ReductionToOneDevice", "ours", "ours_r1d")
-    if name == "HierarchicalCopyAllReduce":
-        return _hierarchical_copy(kwargs)
+    if name == "HierarchicalCopyAllReduce" or (
+        name == "AllReduceCrossDeviceOps"
+        and kwargs.get("all_reduce_alg") == "hierarchical_copy"
+    ):
+        packing = {
+            k: v
+            for k, v in kwargs.items()
+            if k != "all_reduce_alg" and (k, v) != ("num_packs", 0)
+        }
+        return _hierarchical_copy(packing)
     spec = kwargs.get("all_reduce_spec")
+    one_shard = isinstance(spec, str) and "#" not in spec
     if name in ("SpecAllReduce", "MultiWorkerAllReduce") and (
-        isinstance(spec, tuple) and len(spec) == 2 and spec[1] == 1
+        one_shard or spec == MULTI_WORKER_DEFAULT_SPEC
     ):
         packing = {k: v for k, v in kwargs.items() if k != "all_reduce_spec"}
-        return _spec(name, spec[0], packing)
+        return _spec(name, spec, packing)
     return None
 
 
@@ -200,7 +204,7 @@ _KINDS = ("ours_r1d", "ours_all_reduce", "ours_spec", "ours_multi_worker")
 
 def _ours(num_workers: int) -> list[Candidate]:
     """Ours from the package's list (one device per worker across
-    workers: the grid is the same for any count above 1)."""
+    workers: the list is the same for any count above 1)."""
     grid = cost_model.candidates(num_workers=num_workers, devices_per_worker=1)
     return [c for c in map(_from_grid, grid) if c is not None]
 
@@ -252,7 +256,7 @@ def single_process_candidates(
     workload: workloads_lib.Workload, quick: bool = False
 ) -> list[Candidate]:
     """The candidates on one process's logical CPU devices (`quick`: few):
-    TF's built-ins, then ours (`_ours(1)` and HIERARCHICAL_COPY_EXTRA)."""
+    TF's built-ins, then ours (`_ours(1)`)."""
     out = [
         Candidate("TF ReductionToOneDevice", "tf", "tf_r1d"),
         Candidate("TF HierarchicalCopy num_packs=1", "tf", "tf_hc", PACKS_1),
@@ -262,8 +266,7 @@ def single_process_candidates(
     ]
     if quick:
         del out[2]
-    ours = _ours(1) + [_hierarchical_copy(p) for p in HIERARCHICAL_COPY_EXTRA]
-    out += sorted(ours, key=_order)
+    out += sorted(_ours(1), key=_order)
     return [c for c in out if _applies(c, workload) and _kept(c, quick)]
 
 
@@ -276,8 +279,8 @@ def multi_worker_candidates(
 ) -> list[Candidate]:
     """The candidates across worker processes (one CPU replica each).
 
-    Ours run in one client driving the workers (MultiWorkerAllReduce:
-    MULTI_WORKER_DEFAULT_SPEC, then `_ours(2)`, each setting then with
+    Ours run in one client driving the workers (MultiWorkerAllReduce from
+    `_ours(2)`, MULTI_WORKER_DEFAULT_SPEC first, each setting then with
     each of COMPRESSIONS); MultiWorkerMirroredStrategy ("mwms", default
     options: AUTO, which is RING on CPU, one pack) runs between-graph. Our
     between-graph ones are `strategy_candidates`.
@@ -299,14 +302,9 @@ def multi_worker_candidates(
         out.append(
             Candidate("TF ReductionToOneDevice (in-graph)", "tf", "tf_r1d")
         )
-    grid = sorted(
+    settings = sorted(
         (c for c in _ours(2) if c.kind == "ours_multi_worker"), key=_order
     )
-    default = [
-        _spec("MultiWorkerAllReduce", MULTI_WORKER_DEFAULT_SPEC, p)
-        for p in ({}, PACKS_1, PACKS_4, AGGREGATE)
-    ]
-    settings = default + grid
     out += settings
     for codec in COMPRESSIONS:
         out += [

@@ -13,6 +13,7 @@ are the issue's.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -24,12 +25,20 @@ import sys
 import numpy as np
 import pytest
 
+import tf_crossdevice
 from benchmarks import candidates, records, targets, workloads
 from tf_crossdevice.compression import _codec as compression
 from tf_crossdevice.tuning import _candidates, _topology, cost_model, measure
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# MultiWorkerAllReduce's own default spec, which the benchmark times
+# besides the one-shard specs.
+MULTI_WORKER_DEFAULT_SPEC = (
+    inspect.signature(tf_crossdevice.MultiWorkerAllReduce)
+    .parameters["all_reduce_spec"]
+    .default
+)
 # Flags that win over --quick's: 4 ResNet-50 tensors, 4 small tensors, two
 # sweep sizes (4 and 64 bytes), 3 rounds of shorter measurements.
 QUICKER = [
@@ -531,14 +540,18 @@ def test_autotune_choices_get_the_benchmark_candidates_names(workers):
     topology = _topology.Topology.of(devices)
     matched = []
     for config in _candidates.timed_candidates(topology, gradients):
+        spec = config[1].get("all_reduce_spec")
         key = (config[0], _arguments(config[1]))
+        # The benchmark times every one-shard spec and the class's default.
+        if _benchmark_times(spec):
+            assert key in by_arguments, config
         if key in by_arguments:
             assert candidates.name_of(config) == by_arguments[key], config
             matched.append(by_arguments[key])
-    assert len(matched) >= 8
+    assert len(matched) >= 4
     # Two-level tuple specs among them (autotune labels them pscpu/pscpu#2).
     two_level = [n for n in matched if "('pscpu/pscpu', 2, -1)" in n]
-    assert len(two_level) == (7 if workers == 2 else 0)
+    assert bool(two_level) == (workers == 2)
 
 
 def test_records_survive_json(tmp_path):
@@ -680,20 +693,22 @@ def test_full_run_candidates_cover_the_issue_list():
     ]
 
 
+def _benchmark_times(spec):
+    """Whether the benchmark times configurations with this spec: one
+    algorithm at one shard, or MultiWorkerAllReduce's default."""
+    one_shard = isinstance(spec, str) and "#" not in spec
+    return one_shard or spec == MULTI_WORKER_DEFAULT_SPEC
+
+
 def test_our_candidates_come_from_the_package_list():
-    # Ours are cost_model.candidates' one-shard entries plus the explicit
-    # additions of benchmarks/candidates.py, nothing else.
+    # Ours are cost_model.candidates' one-shard and default-spec entries
+    # (with compression across workers), nothing else.
     def grid_names(num_workers):
-        out = set()
-        for name, kwargs in cost_model.candidates(num_workers, 1):
-            spec = kwargs.get("all_reduce_spec")
-            if isinstance(spec, tuple) and spec[1:] == (1,):
-                out.add(
-                    candidates.name_of(
-                        (name, kwargs | {"all_reduce_spec": spec[0]})
-                    )
-                )
-        return out
+        return {
+            candidates.name_of(config)
+            for config in cost_model.candidates(num_workers, 1)
+            if _benchmark_times(config[1].get("all_reduce_spec"))
+        }
 
     single = [
         c.name
@@ -706,20 +721,27 @@ def test_our_candidates_come_from_the_package_list():
         for c in candidates.multi_worker_candidates(workloads.many_small())
         if c.family == "ours"
     ]
-    extra = [
-        n for n in mw if "compression=" in n or "('pscpu/pscpu', 2, -1)" in n
-    ]
-    assert set(mw) - set(extra) == grid_names(2)
+    plain = {n for n in mw if "compression=" not in n}
+    assert plain == grid_names(2)
+    assert len(mw) == 3 * len(plain)  # uncompressed, bf16, fp16
     hierarchical = [
-        c.name
+        c
         for c in candidates.single_process_candidates(workloads.many_small())
         if c.kind == "ours_all_reduce"
     ]
-    assert hierarchical[-1] == "ours HierarchicalCopy agg_small=64KiBx1024"
-    assert len(hierarchical) == 1 + sum(
-        name == "HierarchicalCopyAllReduce"
-        for name, _ in cost_model.candidates(1, 1)
-    )
+    assert [c.name for c in hierarchical] == [
+        "ours HierarchicalCopy num_packs=0",
+        "ours HierarchicalCopy num_packs=1",
+        "ours HierarchicalCopy num_packs=4",
+        "ours HierarchicalCopy agg_small=64KiBx1024",
+    ]
+    # Built as AllReduceCrossDeviceOps with the list's arguments (that class
+    # covers HierarchicalCopyAllReduce's and aggregation).
+    assert [c.kwargs for c in hierarchical] == [
+        {"all_reduce_alg": "hierarchical_copy", **kwargs}
+        for name, kwargs in cost_model.candidates(1, 1)
+        if name in ("HierarchicalCopyAllReduce", "AllReduceCrossDeviceOps")
+    ]
 
 
 def test_compressed_candidates_are_checked_within_the_codecs_rounding():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import types
 
 import keras
 import numpy as np
@@ -20,7 +19,6 @@ from tf_crossdevice.tuning import (
     _candidates,
     _configs,
     _topology,
-    cost_model,
     measure,
 )
 
@@ -221,103 +219,6 @@ def test_a_larger_budget_measures_again_when_candidates_were_left_out(
         GRADIENTS, devices, budget_seconds=0.5, cache_dir=tmp_path
     )
     assert spy.calls >= 1 and not ops.autotune_result.from_cache
-
-
-def test_candidates_keep_their_order_when_nothing_is_predicted(
-    monkeypatch,
-):
-    def predict(config, gradients, *, devices_per_worker, num_workers=1):
-        raise ValueError(f"config: cannot model {config[0]}")
-
-    monkeypatch.setattr(
-        _candidates, "cost_model", types.SimpleNamespace(predict=predict)
-    )
-    topology = _topology.Topology.of(testing.cpu_devices(4))
-    # One gradient above the aggregation limit (64 KiB): aggregating is not
-    # the same as one pack.
-    grads = _topology.normalize_gradients(GRADIENTS + [((20000,), "float32")])
-    plan = _candidates.ordered(
-        _candidates.timed_candidates(topology, grads), topology, grads
-    )
-    labels = [_configs.label(c) for c, _ in plan]
-    assert labels[0] == "SpecAllReduce pscpu agg_small=64KiBx1024"
-    assert labels[-1] == "SpecAllReduce rechd"  # unpacked: slowest to trace
-    assert all(p is None for _, p in plan)
-    assert len(set(labels)) == len(labels)
-    # One tensor: one pack or aggregation changes nothing (4 packs split).
-    one = _candidates.timed_candidates(topology, [((8,), "float32")])
-    assert {c[1].get("num_packs") for c in one} == {None, 0, 4}
-    assert all(not c[1].get("agg_small_grads_max_bytes") for c in one)
-
-
-def test_aggregating_everything_into_one_group_is_left_to_num_packs_1():
-    topology = _topology.Topology.of(testing.cpu_devices(2))
-    small = [((1000,), "float32")] * 5  # 4 KB each, one group of 5
-    labels = {
-        _configs.label(c) for c in _candidates.timed_candidates(topology, small)
-    }
-    assert "SpecAllReduce pscpu num_packs=1" in labels
-    assert not any("agg_small" in name for name in labels)
-    large = small + [((20000,), "float32")]  # 80 KB: not aggregated
-    labels = {
-        _configs.label(c) for c in _candidates.timed_candidates(topology, large)
-    }
-    assert "SpecAllReduce pscpu agg_small=64KiBx1024" in labels
-    many = [((10,), "float32")] * 1025  # more than one group of 1024
-    labels = {
-        _configs.label(c) for c in _candidates.timed_candidates(topology, many)
-    }
-    assert "SpecAllReduce pscpu agg_small=64KiBx1024" in labels
-
-
-def test_the_cost_model_orders_the_candidates(monkeypatch):
-    """Predicted ones fastest first; those it cannot model keep their order
-    after them."""
-    calls = []
-
-    def predict(config, gradients, *, devices_per_worker, num_workers=1):
-        calls.append((devices_per_worker, num_workers))
-        if config[0] == "ReductionToOneDevice":
-            raise ValueError("config: cannot model ReductionToOneDevice")
-        return 1.0 if config[1].get("num_packs") == 1 else 2.0
-
-    model = types.SimpleNamespace(predict=predict)
-    monkeypatch.setattr(_candidates, "cost_model", model)
-    topology = _topology.Topology.of(testing.cpu_devices(4))
-    grads = _topology.normalize_gradients(GRADIENTS)
-    plan = _candidates.ordered(
-        _candidates.timed_candidates(topology, grads), topology, grads
-    )
-    predicted = [p for _, p in plan]
-    assert predicted[-1] is None and plan[-1][0][0] == "ReductionToOneDevice"
-    assert predicted[:-1] == sorted(predicted[:-1])
-    assert plan[0][0][1]["num_packs"] == 1
-    assert set(calls) == {(4, 1)}
-
-
-def test_workers_get_multi_worker_candidates_each_also_compressed():
-    devices = [
-        f"/job:worker/task:{t}/device:CPU:{i}" for t in (0, 1) for i in (0, 1)
-    ]
-    topology = _topology.Topology.of(
-        [tf_crossdevice.ops._base.canonical_device(d, "d") for d in devices]
-    )
-    assert (topology.num_workers, topology.devices_per_worker) == (2, (2, 2))
-    grads = _topology.normalize_gradients(GRADIENTS)
-    configs = _candidates.timed_candidates(topology, grads)
-    assert {c[0] for c in configs} == {"MultiWorkerAllReduce"}
-    plain = [c for c in configs if "compression" not in c[1]]
-    specs = {c[1]["all_reduce_spec"] for c in plain}
-    assert {("pscpu/pscpu", 2, -1), "pscpu/xring", "pscpu", "xring"} <= specs
-    compressed = [c for c in configs if "compression" in c[1]]
-    assert {c[1]["compression"] for c in compressed} == {"bf16", "fp16"}
-    for name, kwargs in compressed:  # each has its uncompressed twin
-        twin = {k: v for k, v in kwargs.items() if k != "compression"}
-        assert (name, twin) in plain
-    ints = _candidates.timed_candidates(
-        topology, [((4,), "int32"), ((4,), "int64")]
-    )
-    assert not any("compression" in c[1] for c in ints)
 
 
 def test_make_ops_builds_each_class_and_refuses_unknown_ones():
@@ -644,32 +545,3 @@ def test_cached_records_without_the_newer_fields_are_read(
     assert first == second
     assert first.confirmation_rounds == 0 and first.median_seconds == 0.003
     assert first.config == ("ReductionToOneDevice", {})
-
-
-@pytest.mark.parametrize(
-    "devices",
-    [
-        [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)],
-        [f"/job:localhost/replica:0/task:0/device:GPU:{i}" for i in range(4)],
-        [
-            f"/job:worker/replica:0/task:{t}/device:CPU:{i}"
-            for t in (0, 1)
-            for i in (0, 1)
-        ],
-    ],
-    ids=["cpu4", "gpu4", "2_workers_x2"],
-)
-def test_the_cost_model_prices_every_candidate(devices):
-    """The two lists differ on purpose (the model ranks many cheaply,
-    autotune builds a few), but speak one config language: the model
-    orders every autotune candidate, none falls to the unpredicted tail."""
-    topology = _topology.Topology.of(devices)
-    grads = _topology.normalize_gradients(GRADIENTS)
-    for config in _candidates.timed_candidates(topology, grads):
-        seconds = cost_model.predict(
-            config,
-            grads,
-            devices_per_worker=topology.local_devices,
-            num_workers=topology.num_workers,
-        )
-        assert seconds > 0, _configs.label(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import re
 
@@ -455,3 +456,67 @@ def test_recommend_for_large_clusters(workers, devices):
     if config[0] == "MultiWorkerAllReduce":
         workers_list = [f"/job:worker/task:{i}" for i in range(workers)]
         tf_crossdevice.MultiWorkerAllReduce(workers_list, 0, **config[1])
+
+
+def _specs(configs):
+    return [str(kwargs.get("all_reduce_spec")) for _, kwargs in configs]
+
+
+def test_candidates_hold_nccl_on_gpus_only():
+    assert not [s for s in _specs(cost_model.candidates(1, 4)) if "nccl" in s]
+    gpu = cost_model.candidates(1, 4, device_type="GPU")
+    # Every packing, none to four packs and aggregation.
+    assert [k for n, k in gpu if k.get("all_reduce_spec") == "nccl"] == [
+        {"all_reduce_spec": "nccl"},
+        {"all_reduce_spec": "nccl", "num_packs": 1},
+        {"all_reduce_spec": "nccl", "num_packs": 4},
+        {
+            "all_reduce_spec": "nccl",
+            "agg_small_grads_max_bytes": 65536,
+            "agg_small_grads_max_group": 1024,
+        },
+    ]
+    two_level = set(_specs(cost_model.candidates(2, 2, device_type="GPU")))
+    assert {"nccl/xring", "nccl/rechd", "nccl/pscpu"} <= two_level
+    assert "nccl/xring" not in _specs(cost_model.candidates(2, 2))
+    # One GPU per worker: NCCL would have nothing to reduce inside one.
+    one_gpu = _specs(cost_model.candidates(2, 1, device_type="GPU"))
+    assert not [s for s in one_gpu if "nccl" in s]
+
+
+@pytest.mark.parametrize(
+    "workers, devices, device_type",
+    [(1, 4, "CPU"), (1, 4, "GPU"), (2, 1, "CPU"), (3, 2, "GPU")],
+)
+def test_every_candidate_is_priced_and_built(workers, devices, device_type):
+    configs = cost_model.candidates(workers, devices, device_type=device_type)
+    assert len({repr(c) for c in configs}) == len(configs)
+    for name, kwargs in configs:
+        assert (
+            cost_model.predict(
+                (name, kwargs),
+                SMALL,
+                devices_per_worker=devices,
+                num_workers=workers,
+            )
+            > 0
+        )
+        if name == "MultiWorkerAllReduce":
+            worker_list = [f"/job:worker/task:{i}" for i in range(workers)]
+            tf_crossdevice.MultiWorkerAllReduce(worker_list, 0, **kwargs)
+        elif workers == 1:
+            getattr(tf_crossdevice, name)(**kwargs)
+
+
+def test_across_workers_the_class_default_spec_comes_first():
+    default = (
+        inspect.signature(tf_crossdevice.MultiWorkerAllReduce)
+        .parameters["all_reduce_spec"]
+        .default
+    )
+    for devices in (1, 4):
+        name, kwargs = cost_model.candidates(2, devices)[0]
+        assert (name, kwargs) == (
+            "MultiWorkerAllReduce",
+            {"all_reduce_spec": default},
+        )

@@ -61,15 +61,18 @@ def autotune(
 ) -> tf.distribute.CrossDeviceOps:
     """Measures candidate all-reduce configurations and returns the fastest.
 
-    Candidates are this package's algorithms (the registry's names through
-    `SpecAllReduce`, shards, `ReductionToOneDevice`; across workers
-    `MultiWorkerAllReduce` with flat and two-level specs) with each packing
-    (one or four packs, small-tensor aggregation of up to 64 KiB in groups
-    of 1024, none), and across workers the `compression` codecs where
-    `MultiWorkerAllReduce` takes them. They are tried fastest-predicted
-    first (`tf_crossdevice.tuning.cost_model.predict`); any the model cannot
-    price follow in a fixed order, small-tensor aggregation first and the
-    unpacked ring and halving-doubling, slowest to build, last.
+    Candidates are a selection of the package's configurations
+    (`tf_crossdevice.cost_model.candidates`): those one client builds in
+    its own graph (`SpecAllReduce` with the registry's algorithms and
+    shards, NCCL on GPUs, hierarchical copy, `ReductionToOneDevice`;
+    across workers `MultiWorkerAllReduce` with flat and two-level specs),
+    with each packing that changes the gradients (one or four packs,
+    small-tensor aggregation of up to 64 KiB in groups of 1024, none). The
+    cost model (`tf_crossdevice.cost_model.predict`) keeps each
+    algorithm's fastest-predicted configuration and the fastest others, 20
+    in all; across workers, for float gradients, the first four are also
+    tried with each `compression` codec. They are tried fastest-predicted
+    first; any the model cannot price follow in the list's order.
 
     Each candidate reduces random integer gradients of the given shapes on
     the real devices inside a `tf.function`; its result is checked against

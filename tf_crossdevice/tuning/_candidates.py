@@ -1,101 +1,87 @@
-"""The configurations autotune tries, and the order it tries them in."""
+"""What autotune times: a selection of the package's candidate list, in
+the order it tries them."""
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Any
 
+from tf_crossdevice.algorithms import _spec as spec_lib
 from tf_crossdevice.compression import _codec as codec
-from tf_crossdevice.tuning import cost_model
+from tf_crossdevice.tuning import _grid, cost_model
 from tf_crossdevice.tuning._configs import Config
 from tf_crossdevice.tuning._topology import GradientList, Topology, num_bytes
 
-# Small-tensor aggregation: tensors of up to 64 KiB concatenated in groups
-# of up to 1024, so that many small gradients cost a few reductions rather
-# than one each.
-AGGREGATE = {
-    "agg_small_grads_max_bytes": 64 << 10,
-    "agg_small_grads_max_group": 1024,
-}
+# At most this many configurations are timed without compression: each is
+# traced, checked against numpy and timed within the budget, so a search
+# stays short.
+MOST = 20
+# Across workers, for float gradients, the likeliest this many are also
+# timed with each `compression` codec.
+COMPRESSED = 4
 
 
 def timed_candidates(
     topology: Topology, gradients: GradientList
 ) -> list[Config]:
-    """Every configuration autotune builds and times, likeliest first.
+    """The configurations autotune builds and times, likeliest first.
 
-    Not `cost_model.candidates`, on purpose: the model prices its broad grid
-    (every shard count, every packing, spec ranges, the between-graph
-    collectives) for nothing, while each entry here is traced, checked
-    against numpy and timed on the devices within a budget. So this list is
-    short, and it holds only what one client can time: in-graph reductions
-    (between-graph collectives run in each worker's own program), NCCL
-    only on GPUs, the `compression` codecs only for float gradients, and no
-    packing that leaves these gradients as they are (`_changes_something`).
-
-    The order is what `ordered` keeps for configurations the cost model
-    cannot price, and what a short budget cuts from the end. On one worker,
-    small-tensor aggregation with the shard-summing algorithms (pscpu,
-    psgpu, hierarchical copy) comes first, since every tensor costs ops on
-    every device whatever its size; one pack next; unpacked ring and
-    halving-doubling come last, since they trace a sub-graph per tensor
-    and are the slowest to build. Across workers: pscpu with aggregation,
-    then the two-level default.
+    A selection from `cost_model.candidates` for the topology (which holds
+    NCCL on GPUs only): what one client builds in its own graph
+    (`_grid.IN_GRAPH`; the between-graph collectives run in every worker's
+    own program), one algorithm per configuration (a spec range runs on
+    each pack an algorithm that is timed alone), with packing that changes
+    these gradients (`_changes_something`). Of those, each algorithm's
+    likeliest (so that an error of the model on one algorithm cannot leave
+    it out), then the likeliest others, `MOST` in all, likeliest meaning
+    fastest predicted (`ordered`). Across workers, for float gradients, the
+    first `COMPRESSED` of them again with each `compression` codec.
+    Returned in `ordered`'s order: what a short budget leaves out is the
+    end.
     """
-    packings: list[dict[str, int]] = [AGGREGATE, {"num_packs": 1}]
-    if topology.num_workers == 1:
-        gpu = topology.device_type == "GPU"
-        algs = ["pscpu", "psgpu", "hierarchical_copy"]
-        out: list[Config] = [
-            ("SpecAllReduce", _spec("nccl", p))
-            for p in (packings if gpu else ())
+    grid = cost_model.candidates(
+        topology.num_workers,
+        topology.local_devices,
+        device_type=topology.device_type,
+    )
+    timeable = [
+        c
+        for c in grid
+        if c[0] in _grid.IN_GRAPH
+        and not isinstance(c[1].get("all_reduce_spec"), list)
+        and _changes_something(c, gradients)
+    ]
+    likeliest = [c for c, _ in ordered(timeable, topology, gradients)]
+    firsts: dict[tuple[str, ...], int] = {}
+    for i, config in enumerate(likeliest):
+        firsts.setdefault(_algorithms(config), i)
+    chosen = sorted(firsts.values())[:MOST]
+    taken = set(chosen)
+    others = [i for i in range(len(likeliest)) if i not in taken]
+    chosen += others[: MOST - len(chosen)]
+    kept = [likeliest[i] for i in sorted(chosen)]
+    floats = any(d in cost_model.COMPRESSIBLE for _, d in gradients)
+    if topology.num_workers > 1 and floats:
+        kept += [
+            (name, {**kwargs, "compression": wire})
+            for name, kwargs in kept[:COMPRESSED]
+            for wire in codec.COMPRESSIONS
         ]
-        out += [("SpecAllReduce", _spec(a, AGGREGATE)) for a in algs]
-        out.append(("ReductionToOneDevice", {}))
-        out += [
-            ("SpecAllReduce", _spec(a, {"num_packs": 1}))
-            for a in [*algs, "xring", "rechd", "xring#2"]
-        ]
-        out += [
-            ("SpecAllReduce", _spec(a, AGGREGATE)) for a in ("xring", "rechd")
-        ]
-        out += [
-            ("SpecAllReduce", _spec(a, {"num_packs": 4}))
-            for a in ("pscpu", "hierarchical_copy", "xring")
-        ]
-        out += [
-            ("SpecAllReduce", _spec(a, {})) for a in [*algs, "xring", "rechd"]
-        ]
-        if gpu:
-            out.append(("SpecAllReduce", _spec("nccl", {})))
-    else:
-        specs = ["pscpu", "pscpu/pscpu#2", "xring", "rechd", "xring#2"]
-        if topology.local_devices > 1:
-            specs[2:2] = ["pscpu/xring", "pscpu/rechd"]
-        if topology.device_type == "GPU":
-            specs[:0] = ["nccl/pscpu", "nccl/xring", "nccl/rechd"]
-        out = [
-            ("MultiWorkerAllReduce", _spec(s, p))
-            for p in packings
-            for s in specs
-        ]
-        floats = any(d in ("float32", "float64") for _, d in gradients)
-        for wire in codec.COMPRESSIONS if floats else ():
-            out += [
-                ("MultiWorkerAllReduce", _spec(s, p) | {"compression": wire})
-                for p in packings
-                for s in specs[:2]
-            ]
-        out += [("MultiWorkerAllReduce", _spec(s, {})) for s in specs]
-    return [c for c in out if _changes_something(c, gradients)]
+    return [c for c, _ in ordered(kept, topology, gradients)]
 
 
-def _spec(alg: str, packing: dict[str, int]) -> dict[str, Any]:
-    """kwargs of a spec class; 'alg#n' becomes the tuple (alg, n, -1)."""
-    name, _, shards = alg.partition("#")
-    spec: Any = (name, int(shards), -1) if shards else name
-    return {"all_reduce_spec": spec, "num_packs": 0} | packing
+def _algorithms(config: Config) -> tuple[str, ...]:
+    """The algorithms a configuration runs: its spec's, in order, else its
+    class's ('hierarchical_copy' for the hierarchical copy classes)."""
+    name, kwargs = config
+    if "all_reduce_spec" in kwargs:
+        ranges = spec_lib.parse_all_reduce_spec(
+            kwargs["all_reduce_spec"], cost_model.ALGORITHMS
+        )
+        return tuple(r.alg for r in ranges)
+    if name == "HierarchicalCopyAllReduce":
+        return ("hierarchical_copy",)
+    return (kwargs.get("all_reduce_alg", name),)
 
 
 def _changes_something(config: Config, gradients: GradientList) -> bool:

@@ -1,9 +1,10 @@
 """A configuration: a constructor call as plain data, `(class name, kwargs)`.
 
-The one format autotune's candidates, its cache files and the cost model
-share (`Config` is `cost_model.Config`). `from_json` restores what JSON
-turned into lists, `label` names a configuration in logs and results, and
-`make_ops` builds the CrossDeviceOps it names for a `Topology`.
+The one format the candidate list (`_grid`), autotune's cache files and
+the cost model share (`Config` is `_grid.Config`, public as
+`cost_model.Config`). `from_json` restores what JSON turned into lists,
+`label` names a configuration in logs and results, and `make_ops` builds
+the CrossDeviceOps it names for a `Topology`.
 """
 
 from __future__ import annotations
@@ -60,17 +61,21 @@ def label(config: Config) -> str:
 
     >>> label(("SpecAllReduce", {"all_reduce_spec": "xring", "num_packs": 1}))
     'SpecAllReduce xring num_packs=1'
+    >>> label(("HierarchicalCopyAllReduce", {"num_packs": 0}))
+    'HierarchicalCopyAllReduce num_packs=0'
     """
     name, kwargs = config
     parts = [name]
-    spec = kwargs.get("all_reduce_spec")
+    spec = kwargs.get("all_reduce_spec", kwargs.get("all_reduce_alg"))
     if isinstance(spec, (tuple, list)) and len(spec) == 3 and spec[2] == -1:
         parts.append(f"{spec[0]}#{spec[1]}")
     elif spec is not None:
         parts.append(spec if isinstance(spec, str) else json.dumps(spec))
-    if kwargs.get("num_packs"):
+    aggregates = bool(kwargs.get("agg_small_grads_max_bytes"))
+    # num_packs=0 is shown unless aggregation (which needs it) says more.
+    if "num_packs" in kwargs and (kwargs["num_packs"] or not aggregates):
         parts.append(f"num_packs={kwargs['num_packs']}")
-    if kwargs.get("agg_small_grads_max_bytes"):
+    if aggregates:
         parts.append(
             f"agg_small={kwargs['agg_small_grads_max_bytes'] >> 10}KiB"
             f"x{kwargs.get('agg_small_grads_max_group', 10)}"
@@ -79,6 +84,7 @@ def label(config: Config) -> str:
         parts.append(f"compression={kwargs['compression']}")
     other = set(kwargs) - {
         "all_reduce_spec",
+        "all_reduce_alg",
         "num_packs",
         "agg_small_grads_max_bytes",
         "agg_small_grads_max_group",

@@ -62,17 +62,18 @@ class Traffic:
         return Traffic(
             *(
                 a + b
-                for a, b in zip(
-                    dataclasses.astuple(self),
-                    dataclasses.astuple(other),
-                    strict=True,
-                )
+                for a, b in zip(self._counts(), other._counts(), strict=True)
             )
         )
 
     def scaled(self, factor: float) -> Traffic:
         """Every count times `factor` (e.g. the number of equal packs)."""
-        return Traffic(*(a * factor for a in dataclasses.astuple(self)))
+        return Traffic(*(a * factor for a in self._counts()))
+
+    def _counts(self) -> tuple[float, ...]:
+        # Not `dataclasses.astuple`, which deep-copies each field: a
+        # prediction adds thousands of these.
+        return tuple(getattr(self, name) for name in _COUNTS)
 
     def send(self, messages: float, num_bytes: float, network: bool) -> Traffic:
         """These counts plus `messages` sends totalling `num_bytes`."""
@@ -106,6 +107,7 @@ class Traffic:
         )
 
 
+_COUNTS = tuple(f.name for f in dataclasses.fields(Traffic))
 NONE = Traffic()
 
 

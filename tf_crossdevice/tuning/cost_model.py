@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeAlias
@@ -80,7 +79,9 @@ from tf_crossdevice.algorithms import _spec as spec_lib
 from tf_crossdevice.compression import _codec as codec
 from tf_crossdevice.packing import _collective_plan as collective_packing
 from tf_crossdevice.packing import _plan as packing_lib
+from tf_crossdevice.tuning import _grid
 from tf_crossdevice.tuning import _traffic as traffic
+from tf_crossdevice.tuning._grid import Config
 from tf_crossdevice.tuning._traffic import Traffic
 
 __all__ = [
@@ -126,7 +127,6 @@ ITEMSIZE = {
 # Compression applies to these only (contract of _builders/compression.py).
 COMPRESSIBLE = ("float32", "float64")
 
-Config: TypeAlias = tuple[str, Mapping[str, Any]]
 Gradients: TypeAlias = Sequence[tuple[Sequence[int], str]]
 
 
@@ -738,67 +738,30 @@ def fit(
 
 # --- recommendation -----------------------------------------------------
 
-_PACKINGS: tuple[dict[str, int], ...] = (
-    {},
-    {"num_packs": 1},
-    {"num_packs": 4},
-    {"agg_small_grads_max_bytes": 64 << 10, "agg_small_grads_max_group": 1024},
-)
-_SHARDS = (1, 2, 4, 8)
-_BYTES_PER_PACK = (0, 4 << 20, 32 << 20)
 
+def candidates(
+    num_workers: int, devices_per_worker: int, *, device_type: str = "CPU"
+) -> list[Config]:
+    """The configurations `recommend` compares: the package's one list.
 
-def candidates(num_workers: int, devices_per_worker: int) -> list[Config]:
-    """The configurations `recommend` compares (no compression: it
-    changes the numbers, so the caller opts in).
+    Every algorithm at 1 to 8 shards with every packing, spec ranges
+    across workers and the between-graph collectives (no compression: it
+    changes the numbers, so the caller opts in). autotune times a
+    selection of it, and so does the benchmark.
 
-    A broad grid, since pricing one costs nothing: every algorithm at 1 to
-    8 shards with every packing, spec ranges across workers and the
-    between-graph collectives. The benchmark (`benchmarks.candidates`)
-    times its one-shard entries and says what it adds. autotune's list
-    (`timed_candidates` in `tf_crossdevice.tuning._candidates`) is another
-    on purpose: it builds and times each entry on the devices within a
-    budget, so it keeps a few likely ones that one client can time, and
-    adapts to the device type and the gradients.
+    Args:
+        num_workers: worker processes.
+        devices_per_worker: replicas in each worker process.
+        device_type: "GPU" adds NCCL: `SpecAllReduce("nccl")` on one
+            worker, the two-level specs "nccl/..." across workers with
+            several devices each.
 
     >>> len(candidates(1, 4)) > 10
     True
+    >>> candidates(2, 1)[0]
+    ('MultiWorkerAllReduce', {'all_reduce_spec': ('pscpu/pscpu', 2, -1)})
     """
-    out: list[Config] = []
-    if num_workers == 1:
-        out.append(("ReductionToOneDevice", {}))
-        for p in (0, 1, 4):
-            out.append(("HierarchicalCopyAllReduce", {"num_packs": p}))
-        for alg, shards, packing in itertools.product(
-            ("pscpu", "psgpu", "xring", "rechd"), _SHARDS, _PACKINGS
-        ):
-            out.append(
-                ("SpecAllReduce", {"all_reduce_spec": (alg, shards), **packing})
-            )
-        return out
-    algs = ["xring", "rechd", "pscpu"]
-    if devices_per_worker > 1:
-        algs += [
-            f"{inner}/{outer}"
-            for inner in ("pscpu", "xring")
-            for outer in ("xring", "rechd", "pscpu")
-        ]
-    specs: list[Any] = [(alg, shards) for alg in algs for shards in _SHARDS]
-    # Latency-bound algorithm for small packs, bandwidth-bound for large.
-    small = "pscpu/rechd" if devices_per_worker > 1 else "rechd"
-    large = "pscpu/xring" if devices_per_worker > 1 else "xring"
-    for limit in (64 << 10, 1 << 20):
-        for shards in (1, 2, 4):
-            specs.append([(small, 1, limit), (large, shards, -1)])
-    for spec, packing in itertools.product(specs, _PACKINGS):
-        out.append(
-            ("MultiWorkerAllReduce", {"all_reduce_spec": spec, **packing})
-        )
-    for size in _BYTES_PER_PACK:
-        options = {"bytes_per_pack": size}
-        out.append(("CollectiveAllReduce", {"options": options}))
-        out.append(("HierarchicalCollectiveAllReduce", {"options": options}))
-    return out
+    return _grid.candidates(num_workers, devices_per_worker, device_type)
 
 
 def recommend(

@@ -177,9 +177,7 @@ def _fit(model, dataset, config, start, reporter, save) -> None:
 
     class Progress(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            if batch == 0 and self._first:
-                reporter.first_step_done()
-                self._first = False
+            reporter.step_done()
 
         def on_epoch_end(self, epoch, logs=None):
             step = (epoch + 1) * config.log_every
@@ -187,7 +185,6 @@ def _fit(model, dataset, config, start, reporter, save) -> None:
             save(step)
 
     progress = Progress()
-    progress._first = True
     model.fit(
         dataset,
         epochs=config.steps // config.log_every,
@@ -258,8 +255,7 @@ def _log_and_save(
         losses.append(float(loss))
         correct += float(right)
         step_number += 1
-        if step_number == start + 1:
-            reporter.first_step_done()
+        reporter.step_done()
         if step_number % config.log_every == 0 or step_number == config.steps:
             reporter.record(
                 step_number,

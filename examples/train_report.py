@@ -52,13 +52,18 @@ class Reporter:
         self._last = (start_step, time.perf_counter())
         self._first_step_end: float | None = None
         self._first_step = start_step
+        # Steps this run trained (counted as they end, not worked out from
+        # the step numbers): a resumed job trains only the steps it lacks.
+        self.steps_trained = 0
         self.loss = float("nan")
         self.accuracy = float("nan")
 
-    def first_step_done(self) -> None:
-        """Marks the end of the first step (tracing); rates leave it out."""
-        self._first_step_end = time.perf_counter()
-        self._first_step = self.start_step + 1
+    def step_done(self) -> None:
+        """Counts a step; the first one's end (tracing) is left out of rates."""
+        self.steps_trained += 1
+        if self.steps_trained == 1:
+            self._first_step_end = time.perf_counter()
+            self._first_step = self.start_step + 1
 
     def record(self, step: int, loss: float, accuracy: float) -> None:
         """Reports the steps since the last call; `step` steps are done."""
@@ -126,6 +131,8 @@ def summary(
     return "\n".join(
         [
             RULE,
+            f"trained {reporter.steps_trained} steps in this run, from step "
+            f"{reporter.start_step}",
             f"total examples/s: {rate:.1f} ({steps} steps x "
             f"{reporter.global_batch} examples in {seconds:.1f} s, after "
             "the first step)",

@@ -156,17 +156,32 @@ def write_image_folder(root) -> str:
     return str(root)
 
 
-def test_killed_job_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "steps"),
+    [
+        # Enough steps that the killed job is still training when the test
+        # reads its first checkpoint line and kills it.
+        pytest.param("mirrored", 300, id="mirrored"),
+        pytest.param("collective", 60, id="collective"),
+        pytest.param("in_graph", 60, id="in_graph"),
+    ],
+)
+def test_killed_job_resumes_to_the_weights_of_an_uninterrupted_one(
+    tmp_path, mode, steps
+):
+    # collective and in_graph start 2 local workers; killing the job kills
+    # its whole process tree, as a lost machine or Ctrl-C would.
     data_dir = write_image_folder(tmp_path / "images")
     args = [
-        "--mode=mirrored",
+        f"--mode={mode}",
         "--model=dense",
         f"--data_dir={data_dir}",
         "--image_size=8",
         "--batch_size=8",
-        "--steps=300",
+        f"--steps={steps}",
         "--log_every=10",
     ]
+    replicas = 2 if mode == "mirrored" else 4
     model_dir = f"--model_dir={tmp_path / 'killed'}"
     # Side by side: the uninterrupted run, and one killed after a checkpoint.
     with (
@@ -179,12 +194,18 @@ def test_killed_job_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
         whole = "\n".join(uninterrupted.read_all(TIMEOUT))
         assert_no_error_lines(uninterrupted.stderr_text())
     assert "3 classes" in whole
-    assert "replica weights equal: yes (2 replicas)" in whole
+    assert f"replica weights equal: yes ({replicas} replicas)" in whole
+    assert f"trained {steps} steps in this run, from step 0" in whole
     resumed = run(*args, model_dir)
     step = int(re.search(r"resumed from step (\d+)", resumed)[1])
-    assert 10 <= step < 300, step
+    assert 10 <= step < steps and step % 10 == 0, step
+    # Only the steps the killed job had not saved, on every replica.
+    assert f"trained {steps - step} steps in this run, from step {step}" in (
+        resumed
+    )
+    assert f"replica weights equal: yes ({replicas} replicas)" in resumed
     assert digest(resumed) == digest(whole)
-    check_model_dir(str(tmp_path / "killed"), 300)
+    check_model_dir(str(tmp_path / "killed"), steps)
 
 
 def test_bad_flags_exit_with_status_1_naming_the_flag():

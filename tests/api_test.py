@@ -46,8 +46,18 @@ PUBLIC_API = {
         "LocalCluster",
         "WorkerReplicas",
         "WorkerUnreachableError",
+        "hosts",
         "processes",
         "start_local_cluster",
+    ],
+    "tf_crossdevice.cluster.hosts": [
+        "EmulatedHosts",
+        "Host",
+        "LinkBytes",
+        "check_supported",
+        "leftovers",
+        "parse_rate",
+        "remove_stale",
     ],
     "tf_crossdevice.cluster.processes": [
         "Child",

@@ -9,6 +9,11 @@ out or see the peer gone) and are then stopped; every worker is stopped on
 leaving, also on Ctrl-C or an exception. Processes are started, watched and
 stopped by `tf_crossdevice.cluster.processes`, the package's one process layer.
 
+With `link_rate` (`--emulate_hosts`), each worker runs on its own emulated
+host (`tf_crossdevice.cluster.hosts`): its own network namespace and
+address, a link shaped to that rate, an equal share of the cores; the
+hosts are removed when the job ends, also when it fails or is stopped.
+
 On several machines, give each worker the same cluster in `TF_CONFIG` with
 its own task index instead; nothing else changes.
 
@@ -16,11 +21,15 @@ Command line (exits with the first failing worker's status, else 0):
 
     python -m tf_crossdevice.launch --num_workers=2 -- \\
         python examples/train.py --job_name=worker --epochs=2
+    python -m tf_crossdevice.launch --num_workers=4 --emulate_hosts \\
+        --link_rate=1gbit -- python examples/train.py --job_name=worker
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -28,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from absl import app, flags
 
 from tf_crossdevice._core import checks
+from tf_crossdevice.cluster import hosts as _hosts
 from tf_crossdevice.cluster import processes as _processes
 
 __all__ = [
@@ -39,17 +49,34 @@ _POLL_SECONDS = 0.05
 
 
 def tf_config_envs(
-    num_workers: int, host: str = "127.0.0.1"
+    num_workers: int, host: str | Sequence[str] = "127.0.0.1"
 ) -> list[dict[str, str]]:
     """Each worker's `TF_CONFIG` for a cluster on free ports of `host`.
+
+    `host` may list one address per worker (emulated hosts): each worker
+    then listens on the same port of its own address.
 
     >>> envs = tf_config_envs(2)
     >>> json.loads(envs[1]["TF_CONFIG"])["task"]
     {'type': 'worker', 'index': 1}
+    >>> envs = tf_config_envs(2, ["198.18.1.1", "198.18.1.2"])
+    >>> [a.split(":")[0] for a in json.loads(envs[0]["TF_CONFIG"])[
+    ...     "cluster"]["worker"]]
+    ['198.18.1.1', '198.18.1.2']
     """
     checks.positive_int(num_workers, "num_workers")
-    ports = _processes.free_ports(num_workers)
-    cluster = {"worker": [f"{host}:{p}" for p in ports]}
+    if isinstance(host, str):
+        addresses = [f"{host}:{p}" for p in _processes.free_ports(num_workers)]
+    else:
+        names = checks.string_list(host, "host", "address")
+        if len(names) != num_workers:
+            raise ValueError(
+                f"host: {len(names)} addresses for num_workers={num_workers}; "
+                "expected one address, or one per worker"
+            )
+        port = _processes.free_ports(1)[0]
+        addresses = [f"{h}:{port}" for h in names]
+    cluster = {"worker": addresses}
     return [
         {
             "TF_CONFIG": json.dumps(
@@ -68,6 +95,7 @@ def run_local_job(
     grace_seconds: float = 30.0,
     env: Mapping[str, str] | None = None,
     echo: bool = True,
+    link_rate: str | None = None,
 ) -> list[int]:
     """Runs `argv` as `num_workers` workers of one cluster; their statuses.
 
@@ -80,6 +108,9 @@ def run_local_job(
         grace_seconds: how long the others may run after one fails.
         env: variables set on top of this process's environment.
         echo: print each worker's lines with a "[worker i] " prefix.
+        link_rate: run each worker on its own emulated host, on a link of
+            this rate ('1gbit'; see `tf_crossdevice.cluster.hosts`); None:
+            every worker on this machine's loopback.
 
     Returns:
         Each worker's exit status, in task order.
@@ -88,13 +119,37 @@ def run_local_job(
     checks.positive_int(num_workers, "num_workers")
     if timeout_seconds is not None:
         checks.positive_number(timeout_seconds, "timeout_seconds")
+    hosts: contextlib.AbstractContextManager[_hosts.EmulatedHosts | None]
+    if link_rate is None:
+        hosts = contextlib.nullcontext()
+    else:
+        hosts = _hosts.EmulatedHosts(num_workers, link_rate)
+    with hosts as bed:
+        return _run(argv, num_workers, bed, timeout_seconds, grace_seconds,
+                    env, echo)  # fmt: skip
+
+
+def _run(
+    argv: list[str],
+    num_workers: int,
+    bed: _hosts.EmulatedHosts | None,
+    timeout_seconds: float | None,
+    grace_seconds: float,
+    env: Mapping[str, str] | None,
+    echo: bool,
+) -> list[int]:
+    if bed is None:
+        configs = tf_config_envs(num_workers)
+    else:
+        configs = tf_config_envs(num_workers, [h.address for h in bed.hosts])
     start = time.monotonic()
     children = []
     try:
-        for i, config in enumerate(tf_config_envs(num_workers)):
+        for i, config in enumerate(configs):
+            command = argv if bed is None else bed.command(i, argv)
             children.append(
                 _processes.Child(
-                    argv, name=f"worker {i}", env={**(env or {}), **config}
+                    command, name=f"worker {i}", env={**(env or {}), **config}
                 )
             )
         ended: dict[int, int] = {}
@@ -139,6 +194,14 @@ def _define_flags() -> None:
     flags.DEFINE_float(
         "timeout_seconds", None, "Stop every worker after this long."
     )
+    flags.DEFINE_bool(
+        "emulate_hosts",
+        False,
+        "Run each worker on its own emulated host (needs root on Linux).",
+    )
+    flags.DEFINE_string(
+        "link_rate", "1gbit", "Each emulated host's link rate, each way."
+    )
 
 
 def _main(argv: list[str]) -> int:
@@ -148,10 +211,13 @@ def _main(argv: list[str]) -> int:
             "expected the workers' command after --, e.g. "
             "python -m tf_crossdevice.launch --num_workers=2 -- python train.py"
         )
+    # Stopped from outside, still stop the workers and remove the hosts.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     codes = run_local_job(
         command,
         flags.FLAGS.num_workers,
         timeout_seconds=flags.FLAGS.timeout_seconds,
+        link_rate=flags.FLAGS.link_rate if flags.FLAGS.emulate_hosts else None,
     )
     return next((c for c in codes if c != 0), 0)
 

@@ -1,7 +1,8 @@
 """TensorFlow worker processes on this machine, and clients that drive them.
 
 `processes` starts, watches and stops every child process of the package
-(workers, local jobs, the benchmark's sides, test clients); `_local` starts
+(workers, local jobs, the benchmark's sides, test clients); `hosts` builds
+emulated hosts (network namespaces on shaped links); `_local` starts
 gRPC worker servers (`start_local_cluster`); `_in_graph` drives replicas
 on remote workers from one client (`WorkerReplicas`). The launcher's
 command line is `tf_crossdevice.launch`.
@@ -9,7 +10,7 @@ command line is `tf_crossdevice.launch`.
 May import: `_core`.
 """
 
-from tf_crossdevice.cluster import processes
+from tf_crossdevice.cluster import hosts, processes
 from tf_crossdevice.cluster._in_graph import (
     WorkerReplicas,
     WorkerUnreachableError,
@@ -20,6 +21,7 @@ __all__ = [
     "LocalCluster",
     "WorkerReplicas",
     "WorkerUnreachableError",
+    "hosts",
     "processes",
     "start_local_cluster",
 ]

@@ -46,6 +46,7 @@ from absl import flags, logging
 from tf_crossdevice._core import checks
 from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice.cluster import _worker_main
+from tf_crossdevice.cluster import hosts as _hosts
 from tf_crossdevice.cluster import processes as _processes
 
 _WORKER_MODULE = "tf_crossdevice.cluster._worker_main"
@@ -239,6 +240,7 @@ def start_local_cluster(
     host: str = "127.0.0.1",
     timeout_seconds: float = 60.0,
     job_name: str = "worker",
+    hosts: _hosts.EmulatedHosts | None = None,
 ) -> LocalCluster:
     """Starts `num_workers` TensorFlow worker processes and waits for them.
 
@@ -256,6 +258,9 @@ def start_local_cluster(
             docstring).
         timeout_seconds: how long one attempt may wait for all workers.
         job_name: the job name in the cluster spec and device names.
+        hosts: built `EmulatedHosts`, one per worker: worker i runs on host
+            i and the cluster spec names the hosts' addresses (`host` is
+            then unused).
 
     Returns:
         A running `LocalCluster`; stop it with `stop()` or a `with` block.
@@ -289,6 +294,11 @@ def start_local_cluster(
     if not isinstance(host, str) or not host:
         raise ValueError(f"host: expected a non-empty string, got {host!r}")
     checks.positive_number(timeout_seconds, "timeout_seconds")
+    if hosts is not None and len(hosts.hosts) != num_workers:
+        raise ValueError(
+            f"hosts: {len(hosts.hosts)} emulated hosts (built?) for "
+            f"num_workers={num_workers}; expected one per worker"
+        )
     if not devices_lib.is_job_name(job_name):
         raise ValueError(
             "job_name: expected a letter followed by letters, digits or _, "
@@ -297,7 +307,7 @@ def start_local_cluster(
     taken = []
     for _ in range(_MAX_START_ATTEMPTS):
         ports = _processes.free_ports(num_workers)
-        cluster = _launch(host, ports, cpus_per_worker, job_name)
+        cluster = _launch(host, ports, cpus_per_worker, job_name, hosts)
         try:
             cluster._wait_until_ready(timeout_seconds)
         except _PortTakenError as e:
@@ -316,11 +326,19 @@ def start_local_cluster(
 
 
 def _launch(
-    host: str, ports: list[int], cpus_per_worker: int, job_name: str
+    host: str,
+    ports: list[int],
+    cpus_per_worker: int,
+    job_name: str,
+    hosts: _hosts.EmulatedHosts | None,
 ) -> LocalCluster:
     """Starts one worker process per port; does not wait for them."""
+    names = [host] * len(ports) if hosts is None else [
+        h.address for h in hosts.hosts
+    ]  # fmt: skip
     addresses = [
-        f"[{host}]:{p}" if ":" in host else f"{host}:{p}" for p in ports
+        f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
+        for h, p in zip(names, ports, strict=True)
     ]
     spec = json.dumps({job_name: addresses})
     workers: list[_Worker] = []
@@ -329,12 +347,14 @@ def _launch(
     cluster = LocalCluster(job_name, workers)
     for task_index, port in enumerate(ports):
         command = _worker_command(spec, job_name, task_index, cpus_per_worker)
+        if hosts is not None:
+            command = hosts.command(task_index, command)
         try:
             child = _processes.Child(command, name=f"worker task {task_index}")
         except BaseException:
             cluster.stop()
             raise
-        workers.append(_Worker(task_index, host, port, child))
+        workers.append(_Worker(task_index, names[task_index], port, child))
     return cluster
 
 

@@ -167,7 +167,7 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
         self._our_devices = tuple(devices)
         self._call_options: list[Options | None] = []
         # The first replica's initial value of the variable being created.
-        self._first_initial_value: tf.Tensor | None = None
+        self._first_initial_value = None
         super().__init__(container, resolver, options)
         self._cross_device_ops = ops
         self._host_cross_device_ops = host

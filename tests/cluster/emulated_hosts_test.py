@@ -1,0 +1,213 @@
+"""Emulated hosts: all-reduces across them are right, their bytes cross the
+links as the algorithm says, and nothing is left behind.
+
+Two hosts on 1 Gbit/s links. A collective (two workers, each on its host)
+and an in-graph all-reduce (two worker servers on the hosts, the client on
+the bridge) each sum S = 8 MiB of float32 per worker. A bandwidth-optimal
+all-reduce (both run a ring here) makes each of p hosts send and receive
+2(p-1)/p·S = S; each link's counters must show that, plus at most 5% and
+TensorFlow's own messages (connection set-up, graphs, group resolution),
+which stay under 1 MiB. The sums are checked against numpy.
+
+These tests build namespaces, links and cgroups: they need root on Linux,
+which README's test command and CI have.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pathlib
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from tests import emulated_hosts_child as child_lib
+from tf_crossdevice import launch
+from tf_crossdevice.cluster import hosts as hosts_lib
+from tf_crossdevice.cluster import processes, start_local_cluster
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TIMEOUT = 240  # Seconds, for a step on a loaded machine.
+S = child_lib.SIZE * 4
+OVERHEAD = 1 << 20
+
+
+def expected_sum(num_workers: int) -> np.ndarray:
+    return sum(
+        child_lib.value(t).astype(np.float64) for t in range(num_workers)
+    )
+
+
+def decode(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), np.float32)
+
+
+def check_ring_bytes(counts: list[hosts_lib.LinkBytes]) -> None:
+    for i, c in enumerate(counts):
+        for what, n in (("sent", c.sent), ("received", c.received)):
+            assert S <= n <= 1.05 * S + OVERHEAD, (
+                f"host {i} {what} {n} bytes; a ring all-reduce of {S} bytes "
+                f"on 2 hosts moves {S} each way"
+            )
+
+
+@pytest.mark.slow
+def test_collective_across_two_hosts_sums_and_moves_s_each_way():
+    with hosts_lib.EmulatedHosts(2, "1gbit") as bed:
+        envs = launch.tf_config_envs(2, [h.address for h in bed.hosts])
+        children = [
+            processes.Child(
+                bed.command(
+                    i,
+                    [
+                        sys.executable,
+                        "-m",
+                        "tests.emulated_hosts_child",
+                        "collective",
+                    ],  # fmt: skip
+                ),
+                name=f"worker {i}",
+                env=env,
+                cwd=ROOT,
+            )
+            for i, env in enumerate(envs)
+        ]
+        try:
+            for c in children:
+                assert c.receive(TIMEOUT) == {"reduced": True}
+            counts = bed.link_bytes()
+            for c in children:
+                c.send({"go": True})
+            sums = [decode(c.receive(TIMEOUT)["sums"][0]) for c in children]
+        finally:
+            processes.stop_all(children)
+    for got in sums:
+        np.testing.assert_array_equal(got, expected_sum(2))
+    check_ring_bytes(counts)
+    assert hosts_lib.leftovers(os.getpid()) == []
+
+
+@pytest.mark.slow
+def test_in_graph_across_two_hosts_sums_and_moves_s_each_way():
+    with (
+        hosts_lib.EmulatedHosts(2, "1gbit") as bed,
+        start_local_cluster(2, hosts=bed, timeout_seconds=TIMEOUT) as cluster,
+    ):
+        spec = cluster.cluster_spec.as_dict()
+        assert [a.rsplit(":", 1)[0] for a in spec["worker"]] == [
+            h.address for h in bed.hosts
+        ]
+        before = bed.link_bytes()
+        client = processes.start_module(
+            "tests.emulated_hosts_child",
+            "in_graph",
+            json.dumps(spec),
+            name="client",
+            cwd=ROOT,
+        )
+        with client:
+            assert client.receive(TIMEOUT) == {"reduced": True}
+            after = bed.link_bytes()
+            client.send({"go": True})
+            sums = [decode(s) for s in client.receive(TIMEOUT)["sums"]]
+    for got in sums:
+        np.testing.assert_array_equal(got, expected_sum(2))
+    check_ring_bytes(
+        [
+            hosts_lib.LinkBytes(a.sent - b.sent, a.received - b.received)
+            for a, b in zip(after, before, strict=True)
+        ]
+    )
+    assert hosts_lib.leftovers(os.getpid()) == []
+
+
+def test_everything_is_removed_when_the_block_fails():
+    with (  # noqa: PT012
+        pytest.raises(ZeroDivisionError),
+        hosts_lib.EmulatedHosts(3, "100mbit") as bed,
+    ):
+        made = hosts_lib.leftovers(os.getpid())
+        sleeper = processes.Child(bed.command(2, ["sleep", "600"]))
+        1 / 0  # noqa: B018
+    # Three namespaces, their links, three cgroups and the bridge.
+    assert len(made) == 3 + 3 + 3 + 1, made
+    assert sleeper.process.wait(timeout=10) == -9  # Killed.
+    assert hosts_lib.leftovers(os.getpid()) == []
+
+
+def test_links_are_shaped_and_cores_shared():
+    with hosts_lib.EmulatedHosts(4, "250mbit") as bed:
+        for host in bed.hosts:
+            tc = hosts_lib._run(["tc", "qdisc", "show", "dev", host.link])
+            assert "tbf" in tc and "250Mbit" in tc, tc
+            quota = int((host.cgroup / "cpu.cfs_quota_us").read_text())
+            period = int((host.cgroup / "cpu.cfs_period_us").read_text())
+            assert quota / period == pytest.approx((os.cpu_count() or 1) / 4)
+        addresses = [h.address for h in bed.hosts]
+        assert len(set(addresses)) == 4
+        assert all(a.startswith("198.18.") for a in addresses)
+        assert bed.client_address.endswith(".254")
+
+
+@pytest.mark.parametrize(
+    ("rate", "bits"),
+    [("1gbit", 1e9), ("250mbit", 2.5e8), ("100kbit", 1e5), ("10mbps", 8e7)],
+)
+def test_parse_rate(rate, bits):
+    assert hosts_lib.parse_rate(rate) == bits
+
+
+@pytest.mark.parametrize("rate", ["fast", "1 gigabit", "-1gbit", "0mbit", 1])
+def test_bad_rates_name_the_argument_and_the_form(rate):
+    with pytest.raises(ValueError, match=r"link_rate: expected .*'1gbit'"):
+        hosts_lib.EmulatedHosts(2, rate)
+
+
+def test_without_root_the_error_says_what_is_needed(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(RuntimeError, match="need root"):
+        hosts_lib.EmulatedHosts(2).__enter__()
+
+
+PEER_CHECK = """
+import json, os, socket, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+me = config["task"]["index"]
+addresses = config["cluster"]["worker"]
+host, port = addresses[me].rsplit(":", 1)
+server = socket.create_server(("0.0.0.0", int(port)))
+peer_host, peer_port = addresses[1 - me].rsplit(":", 1)
+for _ in range(200):
+    try:
+        socket.create_connection((peer_host, int(peer_port)), 1).close()
+        break
+    except OSError:
+        time.sleep(0.05)
+else:
+    sys.exit(3)
+server.settimeout(30)
+server.accept()  # The peer reached this worker too.
+print("task", me, "at", host, "reached", peer_host)
+"""
+
+
+def test_launcher_runs_each_worker_on_its_own_host(capfd):
+    # Each worker listens on its own address and reaches the other's.
+    argv = [sys.executable, "-c", PEER_CHECK]
+    assert launch.run_local_job(argv, 2, link_rate="100mbit") == [0, 0]
+    lines = sorted(
+        line for line in capfd.readouterr().out.splitlines() if "task" in line
+    )
+    assert len(lines) == 2, lines
+    for me, line in enumerate(lines):
+        match = re.fullmatch(
+            rf"\[worker {me}\] task {me} at (198\.18\.\S+) reached (\S+)",
+            line,
+        )
+        assert match, line
+        assert match[1] != match[2] and match[2].startswith("198.18.")
+    assert hosts_lib.leftovers(os.getpid()) == []

@@ -1,0 +1,413 @@
+"""Emulated hosts: several machines on this one, joined by shaped links.
+
+Between real machines the wire bounds an all-reduce; between processes on
+one machine over loopback the cores do, so loopback cannot show what an
+algorithm or wire compression gains between hosts. `EmulatedHosts` builds
+what a small cluster looks like to the processes in it:
+
+- each host is a Linux network namespace with one interface, `eth0`, and
+  its own address in 198.18.k.0/24 (198.18.0.0/15 is reserved for network
+  benchmarks; each set of hosts takes a free k);
+- the hosts' links meet on a bridge in this (the root) namespace, which
+  also holds the address 198.18.k.254, so that a client here (an in-graph
+  job's) reaches every host;
+- each link is shaped to `link_rate` in both directions with a token
+  bucket (`tc ... tbf`): the host's end limits what it sends, the bridge's
+  end what it receives. Latency cannot be added (this kernel has no
+  `netem`); links use jumbo frames (`mtu`), as clusters' networks do;
+- each host's processes share an equal part of this machine's cores (a
+  CPU cgroup), so that adding hosts neither speeds up nor slows down the
+  compute of each.
+
+Everything is made on entering a `with` block and removed on leaving it,
+also after an error; what a killed process left behind (its names carry
+its process id) is removed by the next one that builds hosts. Needs root on
+Linux, with `ip` and `tc`.
+
+    with EmulatedHosts(2, link_rate="1gbit") as hosts:
+        child = processes.Child(hosts.command(0, [sys.executable, "w.py"]))
+        ...
+        sent, received = hosts.link_bytes()[0]
+
+On the command line, the launcher runs a job's workers one per emulated
+host and removes the hosts after:
+
+    python -m tf_crossdevice.launch --num_workers=4 --emulate_hosts \\
+        --link_rate=1gbit -- python examples/train.py --job_name=worker
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psutil
+
+from tf_crossdevice._core import checks
+
+__all__ = [
+    "EmulatedHosts",
+    "Host",
+    "LinkBytes",
+    "check_supported",
+    "leftovers",
+    "parse_rate",
+    "remove_stale",
+]
+
+_PREFIX = "tfx"
+_CGROUP_CPU = pathlib.Path("/sys/fs/cgroup/cpu")
+_LOCK = pathlib.Path("/run/tf_crossdevice_hosts.lock")
+_PERIOD_US = 100_000
+_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def parse_rate(rate: str, argument: str = "link_rate") -> float:
+    """Bits per second of a rate written as `tc` reads it.
+
+    >>> parse_rate("1gbit"), parse_rate("250mbit"), parse_rate("10mbps")
+    (1000000000.0, 250000000.0, 80000000.0)
+    """
+    match = _RATE.fullmatch(rate.strip()) if isinstance(rate, str) else None
+    value = 0.0
+    if match is not None:
+        value = float(match[1]) * _UNITS[match[2].lower()]
+        value *= 8 if match[3].lower() == "bps" else 1
+    if value <= 0:
+        raise ValueError(
+            f"{argument}: expected a positive rate such as '1gbit', "
+            f"'250mbit' or '100mbps', got {rate!r}"
+        )
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """One emulated host.
+
+    Attributes:
+        index: its position, from 0.
+        namespace: its network namespace (`ip netns exec NAMESPACE ...`).
+        address: its IPv4 address, as other hosts and the client dial it.
+        link: the bridge's end of its link, in the root namespace.
+        cgroup: its CPU cgroup's folder, or None without a CPU share.
+    """
+
+    index: int
+    namespace: str
+    address: str
+    link: str
+    cgroup: pathlib.Path | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkBytes:
+    """Bytes one host has sent and received on its link (headers
+    included), counted since the hosts were built."""
+
+    sent: int
+    received: int
+
+
+class EmulatedHosts:
+    """`num_hosts` emulated hosts on shaped links (see the module docstring).
+
+    Args:
+        num_hosts: how many, 1 to 253.
+        link_rate: each link's rate, each way, as `tc` writes it ('1gbit').
+        cpu_share: give each host's processes an equal share of the cores.
+        mtu: the links' MTU in bytes.
+
+    Raises:
+        ValueError: an argument has a bad type or value.
+        RuntimeError: not root on Linux, or `ip`/`tc` missing, or the kernel
+            refused a step (the message names the command); everything made
+            up to then is removed first.
+    """
+
+    def __init__(
+        self,
+        num_hosts: int,
+        link_rate: str = "1gbit",
+        *,
+        cpu_share: bool = True,
+        mtu: int = 9000,
+    ) -> None:
+        checks.positive_int(num_hosts, "num_hosts")
+        if num_hosts > 253:
+            raise ValueError(
+                f"num_hosts: at most 253 (one /24 network), got {num_hosts}"
+            )
+        self.rate_bits = parse_rate(link_rate)
+        self.link_rate = link_rate
+        self.num_hosts = num_hosts
+        self.cpu_share = bool(cpu_share)
+        checks.positive_int(mtu, "mtu")
+        self.mtu = mtu
+        self.hosts: list[Host] = []
+        self.client_address = ""
+        self._tag = f"{_PREFIX}{os.getpid()}"
+        self._bridge = ""
+        self._baseline: list[tuple[int, int]] = []
+
+    def __enter__(self) -> EmulatedHosts:
+        check_supported()
+        with _lock():
+            remove_stale()
+            subnet = _free_subnet()
+            self._bridge = f"{self._tag}br"
+            try:
+                self._build(subnet)
+            except BaseException:
+                self.close()
+                raise
+        self._baseline = [self._counters(h) for h in self.hosts]
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _build(self, subnet: int) -> None:
+        net = f"198.18.{subnet}"
+        self.client_address = f"{net}.254"
+        _ip("link", "add", self._bridge, "type", "bridge")
+        _ip("link", "set", self._bridge, "mtu", str(self.mtu))
+        _ip("addr", "add", f"{self.client_address}/24", "dev", self._bridge)
+        _ip("link", "set", self._bridge, "up")
+        cores = os.cpu_count() or 1
+        for i in range(self.num_hosts):
+            ns, link = f"{self._tag}h{i}", f"{self._tag}h{i}b"
+            cgroup = _CGROUP_CPU / ns if self.cpu_share else None
+            # Listed first, so that close() removes what half-built.
+            self.hosts.append(Host(i, ns, f"{net}.{i + 1}", link, cgroup))
+            _ip("netns", "add", ns)
+            _ip("link", "add", link, "type", "veth", "peer", "name",
+                f"{ns}n", "netns", ns)  # fmt: skip
+            _ip("-n", ns, "link", "set", f"{ns}n", "name", "eth0")
+            for where, dev in ((["-n", ns], "eth0"), ([], link)):
+                _ip(*where, "link", "set", dev, "mtu", str(self.mtu))
+                _ip(*where, "link", "set", dev, "up")
+                _tc(*where, "qdisc", "add", "dev", dev, "root", "tbf",
+                    "rate", self.link_rate, "burst", "1mb",
+                    "latency", "100ms")  # fmt: skip
+            _ip("link", "set", link, "master", self._bridge)
+            _ip("-n", ns, "addr", "add", f"{net}.{i + 1}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            if cgroup is not None:
+                cgroup.mkdir()
+                quota = int(cores * _PERIOD_US / self.num_hosts)
+                (cgroup / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
+                (cgroup / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def command(self, index: int, argv: Sequence[str]) -> list[str]:
+        """`argv` as a command that runs on host `index` (in its network
+        namespace and CPU share), for `processes.Child` or subprocess."""
+        host = self.hosts[index]
+        argv = checks.string_list(argv, "argv", "command-line word")
+        enter = ["ip", "netns", "exec", host.namespace, *argv]
+        if host.cgroup is None:
+            return enter
+        # Joined before entering the namespace: `ip netns exec` mounts the
+        # namespace's own /sys, which has no cgroup folders.
+        join = f'echo $$ > "{host.cgroup}/cgroup.procs" && exec "$@"'
+        return ["sh", "-c", join, "sh", *enter]
+
+    def link_bytes(self) -> list[LinkBytes]:
+        """Per host: bytes sent and received since the hosts were built."""
+        out = []
+        for host, (rx0, tx0) in zip(self.hosts, self._baseline, strict=True):
+            rx, tx = self._counters(host)
+            # The bridge's end receives what the host sends.
+            out.append(LinkBytes(sent=rx - rx0, received=tx - tx0))
+        return out
+
+    @staticmethod
+    def _counters(host: Host) -> tuple[int, int]:
+        stats = pathlib.Path("/sys/class/net", host.link, "statistics")
+        return (
+            int((stats / "rx_bytes").read_text()),
+            int((stats / "tx_bytes").read_text()),
+        )
+
+    def close(self) -> None:
+        """Stops every process on the hosts and removes all that was made.
+        Safe to call twice."""
+        for host in self.hosts:
+            _remove_host(host.namespace, host.link, host.cgroup)
+        if self._bridge:
+            _ip("link", "del", self._bridge, check=False)
+        self.hosts = []
+        self._bridge = ""
+
+    def __repr__(self) -> str:
+        return (
+            f"EmulatedHosts({self.num_hosts}, link_rate={self.link_rate!r}, "
+            f"cpu_share={self.cpu_share}, mtu={self.mtu})"
+        )
+
+
+def check_supported() -> None:
+    """Raises RuntimeError saying what is missing to emulate hosts here."""
+    missing = []
+    if not sys.platform.startswith("linux"):
+        missing.append(f"Linux (this is {sys.platform})")
+    elif os.geteuid() != 0:
+        missing.append("root (network namespaces and tc need it)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            missing.append(
+                f"the '{tool}' command (Debian: apt install iproute2)"
+            )
+    if missing:
+        raise RuntimeError(
+            "emulated hosts need " + ", ".join(missing) + "; run on a real "
+            "cluster instead, or on a Linux machine as root"
+        )
+
+
+def remove_stale() -> list[str]:
+    """Removes hosts, bridges and cgroups whose building process is gone;
+    returns their names."""
+    names = set(_run(["ip", "netns", "list"], check=False).split())
+    links = re.findall(rf"\d+: ({_PREFIX}\d+[a-z0-9]*)[@:]", _run(
+        ["ip", "-o", "link", "show"], check=False))  # fmt: skip
+    names |= set(links)
+    if _CGROUP_CPU.is_dir():
+        names |= {p.name for p in _CGROUP_CPU.glob(f"{_PREFIX}*")}
+    removed = []
+    for name in sorted(names):
+        match = re.match(rf"{_PREFIX}(\d+)", name)
+        if match is None or psutil.pid_exists(int(match[1])):
+            continue
+        if name.endswith("br"):
+            _ip("link", "del", name, check=False)
+        elif re.fullmatch(rf"{_PREFIX}\d+h\d+", name):
+            _remove_host(name, f"{name}b", _CGROUP_CPU / name)
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
+def leftovers(pid: int | None = None) -> list[str]:
+    """What emulated hosts made by process `pid` (default: any) still
+    exists: 'netns NAME', 'link NAME' and 'cgroup PATH' entries."""
+    tag = f"{_PREFIX}{pid}" if pid is not None else rf"{_PREFIX}\d+"
+    found = [
+        f"netns {n}"
+        for n in _run(["ip", "netns", "list"], check=False).split()
+        if re.match(rf"{tag}\D", n)
+    ]
+    links = _run(["ip", "-o", "link", "show"], check=False)
+    found += [
+        f"link {n}" for n in re.findall(rf"\d+: ({tag}\D[a-z0-9]*)[@:]", links)
+    ]
+    if _CGROUP_CPU.is_dir():
+        found += [
+            f"cgroup {p}"
+            for p in _CGROUP_CPU.glob(f"{_PREFIX}*")
+            if re.match(rf"{tag}\D", p.name)
+        ]
+    return sorted(found)
+
+
+def _remove_host(
+    namespace: str, link: str, cgroup: pathlib.Path | None
+) -> None:
+    # Processes first: a namespace lives on while a process is in it.
+    pids = _run(["ip", "netns", "pids", namespace], check=False).split()
+    if cgroup is not None and cgroup.is_dir():
+        pids += (cgroup / "cgroup.procs").read_text().split()
+    # And those still on their way in (`command`'s wrapper names the host).
+    for process in psutil.process_iter(["cmdline"]):
+        if namespace in (process.info["cmdline"] or ()) or any(
+            f"/{namespace}/" in word for word in process.info["cmdline"] or ()
+        ):
+            pids.append(str(process.pid))
+    killed = [p for p in map(_process, set(pids)) if p is not None]
+    for process in killed:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    _wait_gone(killed, timeout=10)
+    _ip("netns", "del", namespace, check=False)  # Deletes its link too.
+    _ip("link", "del", link, check=False)
+    if cgroup is not None and cgroup.is_dir():
+        for _ in range(50):
+            try:
+                cgroup.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _process(pid: str) -> psutil.Process | None:
+    try:
+        return psutil.Process(int(pid))
+    except psutil.Error:
+        return None
+
+
+def _wait_gone(processes: list[psutil.Process], timeout: float) -> None:
+    """Waits until each process has exited, without reaping it (a child's
+    parent, maybe a `subprocess.Popen`, reads its status; psutil's
+    wait_procs would take it)."""
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        while time.monotonic() < deadline:
+            try:
+                if process.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.02)
+
+
+def _free_subnet() -> int:
+    """A k for 198.18.k.0/24 that no interface here uses."""
+    used = set(re.findall(r"inet 198\.18\.(\d+)\.", _run(["ip", "-o", "addr"])))
+    for k in range(1, 256):
+        if str(k) not in used:
+            return k
+    raise RuntimeError("every 198.18.k.0/24 network is in use on this machine")
+
+
+@contextlib.contextmanager
+def _lock() -> Iterator[None]:
+    """One builder at a time on this machine (they pick free names)."""
+    with open(_LOCK, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _ip(*args: str, check: bool = True) -> str:
+    return _run(["ip", *args], check=check)
+
+
+def _tc(*args: str) -> str:
+    if args[:1] == ("-n",):  # tc has no -n: run it in the namespace.
+        return _run(["ip", "netns", "exec", args[1], "tc", *args[2:]])
+    return _run(["tc", *args])
+
+
+def _run(argv: list[str], check: bool = True) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(
+            f"emulated hosts: {' '.join(argv)!r} failed with status "
+            f"{result.returncode}: {result.stderr.strip()}"
+        )
+    return result.stdout

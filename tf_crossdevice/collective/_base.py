@@ -171,12 +171,19 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             )
         if bound is not None and len(bound) == len(item.devices):
             return bound
-        if len(set(item.devices)) == len(item.devices) and all(item.devices):
-            return item.devices
         if len(item.devices) == 1:
-            return ("/device:CPU:0",)
+            return item.devices if item.devices[0] else ("/device:CPU:0",)
+        # Without a strategy the components' devices are the group's
+        # members: an unplaced one would put its collective on the client.
+        _base.check_placed(
+            item,
+            f"outside a strategy {type(self).__name__} runs one collective "
+            "on each component's device",
+        )
+        if len(set(item.devices)) == len(item.devices):
+            return item.devices
         raise ValueError(
-            f"per_replica_value: its {len(item.devices)} components must be "
+            f"{item.argument}: its {len(item.devices)} components must be "
             f"on distinct devices, one per replica; got {list(item.devices)}"
         )
 

@@ -18,6 +18,14 @@ is summed on one device, the first destination (or the subclass's
 `_reduce_to_device`), and copied to the destinations. `IndexedSlices` are
 summed by concatenating indices and values, as TensorFlow does.
 
+Inside a tf.function or a TF 1 graph, a tensor built outside any
+`tf.device` scope has no device (''). Such a component is refused, naming
+the value and the component, where the reduction needs its device: an
+all-reduce across the components' own devices, or destinations=None (the
+value's own devices); `check_placed` holds the rule. Where one device sums
+and the destinations are given, TensorFlow places it, as TensorFlow's own
+ReductionToOneDevice does.
+
 MEAN divides the sum by the number of replicas (components times
 `_num_between_graph_workers`). For integer dtypes MEAN follows TensorFlow's
 ReductionToOneDevice and returns the float64 mean.
@@ -48,15 +56,24 @@ _DESTINATION_TYPES = (
     "None, a DistributedValues, a tf.Tensor or tf.Variable, a device string "
     "or a list of device strings"
 )
+_PLACE_COMPONENTS = (
+    "build each component under `with tf.device(...)`, or use strategy.run "
+    "or tf_crossdevice.testing.per_replica"
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Item:
-    """One value to reduce: its components, their devices, its destinations."""
+    """One value to reduce: its components, their devices, its destinations.
+
+    `argument` names the value in error messages ("per_replica_value",
+    "value_destination_pairs[2]").
+    """
 
     components: tuple[Value, ...]
     devices: tuple[str, ...]
     destinations: tuple[str, ...]
+    argument: str = "per_replica_value"
 
     @property
     def sparse(self) -> bool:
@@ -313,21 +330,57 @@ def resolve_destinations(
     return canonical
 
 
+def check_placed(item: Item, reason: str) -> None:
+    """ValueError naming `item`'s first component that has no device.
+
+    Inside a tf.function or a TF 1 graph, a tensor built outside any
+    `tf.device` scope has device '' (eagerly, every tensor has a device).
+    TensorFlow places such a tensor, and whatever consumes it, where it
+    likes: usually the client's CPU.
+
+    Args:
+        item: the value.
+        reason: why the reduction needs each component's device.
+
+    Raises:
+        ValueError: a component has device ''.
+    """
+    for i, device in enumerate(item.devices):
+        if not device:
+            raise ValueError(
+                f"{item.argument}: component {i} of {len(item.devices)} has "
+                f"no device (it was built outside any tf.device scope), but "
+                f"{reason}; {_PLACE_COMPONENTS}"
+            )
+
+
 def make_item(
     value: Any,
     destinations: Any,
     argument: str,
     concat_axis: int | None = None,
 ) -> Item:
+    """`value` and its destinations, validated, as an Item.
+
+    Raises:
+        ValueError: besides `value_components`' and `resolve_destinations`'
+            errors, `destinations` is None (the value's own devices) and a
+            component of a value of several has no device.
+    """
     components = value_components(value, argument, concat_axis)
-    # A tensor captured by a tf.function, or built without a device scope in
-    # a graph, has device '': TensorFlow places it, and so its sum.
+    # A tensor built without a device scope inside a tf.function or a graph
+    # has device ''. Where the reduction does not need the component's
+    # device (one device sums, as TensorFlow's ReductionToOneDevice does),
+    # TensorFlow places it; where it does, `check_placed` refuses it.
     devices = tuple(
         canonical_device(c.device, argument) if c.device else ""
         for c in components
     )
     dest = resolve_destinations(destinations, devices)
-    return Item(components, devices, dest)
+    item = Item(components, devices, dest, argument)
+    if destinations is None and len(devices) > 1:
+        check_placed(item, "destinations=None means the value's own devices")
+    return item
 
 
 def divide(value: Value, count: int) -> Value:
@@ -578,6 +631,11 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
                 and len(item.devices) > 1
                 and item.destinations == item.devices
             ):
+                check_placed(
+                    item,
+                    f"{type(self).__name__} all-reduces on the components' "
+                    "own devices",
+                )
                 all_reduce.setdefault(item.devices, []).append(i)
             else:
                 results[i] = self._reduce_on_one_device(reduce_op, item)

@@ -9,6 +9,7 @@ from absl import logging
 
 from tf_crossdevice._core import checks
 from tf_crossdevice._core import devices as devices_lib
+from tf_crossdevice.ops import _base
 from tf_crossdevice.ops import _spec as _spec_ops
 
 
@@ -58,7 +59,9 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         TypeError: an argument of the wrong type.
         ValueError: no workers, a worker listed twice, a negative
             `num_gpus_per_worker`, or a bad spec or packing argument. At
-            reduce time: a value on a device of an unlisted worker.
+            reduce time: a value on a device of an unlisted worker, or a
+            value component with no device (built outside any `tf.device`
+            scope inside a tf.function or graph).
 
     The values' devices decide where the reduction runs. Values on CPUs with
     `num_gpus_per_worker > 0` (legacy GPU jobs run on a laptop, as TF 1
@@ -115,19 +118,26 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
 
     def _reduce_batch(self, reduce_op, items, options):
         for item in items:
-            self._check_workers(item.devices + item.destinations)
+            # Unplaced, a component and its share of the reduction would run
+            # wherever TensorFlow puts them: the client's CPU, which then
+            # receives every worker's whole input.
+            _base.check_placed(
+                item,
+                "MultiWorkerAllReduce reduces each component on its own worker",
+            )
+            self._check_workers(item.argument, item.devices)
+            # A destination '' is left for TensorFlow to place.
+            self._check_workers(
+                "destinations", [d for d in item.destinations if d]
+            )
             self._check_device_type(item.devices)
         return super()._reduce_batch(reduce_op, items, options)
 
-    def _check_workers(self, devices: Sequence[str]) -> None:
+    def _check_workers(self, argument: str, devices: Sequence[str]) -> None:
         for device in devices:
-            if not device:
-                continue  # Placed by TensorFlow (captured by a tf.function).
-            if worker_name(device, "per_replica_value") not in (
-                self._worker_names
-            ):
+            if worker_name(device, argument) not in self._worker_names:
                 raise ValueError(
-                    f"per_replica_value: device {device!r} is not on a worker "
+                    f"{argument}: device {device!r} is not on a worker "
                     f"in worker_devices {list(self._worker_names)}"
                 )
 

@@ -68,13 +68,13 @@ class ConcatAndSplitPacker(_Packer):
     Like TF 1's, it refuses `num_packs` below 1 (the CrossDeviceOps
     classes' `num_packs=0`, no packing, has no counterpart here).
 
-        >>> grads = [[(tf.ones([2, 3]), "w"), (tf.ones([4]), "b")]]
-        >>> packer = ConcatAndSplitPacker(num_packs=2)
-        >>> [p.shape.as_list() for p, _ in packer.pack(grads)[0]]
-        [[5], [5]]
-        >>> unpacked = packer.unpack(packer.pack(grads))
-        >>> [(g.shape.as_list(), v) for g, v in unpacked[0]]
-        [([2, 3], 'w'), ([4], 'b')]
+    >>> grads = [[(tf.ones([2, 3]), "w"), (tf.ones([4]), "b")]]
+    >>> packer = ConcatAndSplitPacker(num_packs=2)
+    >>> [p.shape.as_list() for p, _ in packer.pack(grads)[0]]
+    [[5], [5]]
+    >>> unpacked = packer.unpack(packer.pack(grads))
+    >>> [(g.shape.as_list(), v) for g, v in unpacked[0]]
+    [([2, 3], 'w'), ([4], 'b')]
     """
 
     def __init__(self, num_packs: int = 1) -> None:
@@ -101,11 +101,11 @@ class AggregateSmallTensorPacker(_Packer):
     `agg_small_grads_max_bytes=0` packs nothing, as the CrossDeviceOps
     classes' `agg_small_grads_max_bytes=0`.
 
-        >>> grads = [[(tf.ones([2]), "a"), (tf.ones([100]), "b"),
-        ...           (tf.ones([3]), "c")]]
-        >>> packer = AggregateSmallTensorPacker(agg_small_grads_max_bytes=20)
-        >>> len(packer.pack(grads)[0])
-        2
+    >>> grads = [[(tf.ones([2]), "a"), (tf.ones([100]), "b"),
+    ...           (tf.ones([3]), "c")]]
+    >>> packer = AggregateSmallTensorPacker(agg_small_grads_max_bytes=20)
+    >>> len(packer.pack(grads)[0])
+    2
     """
 
     def __init__(

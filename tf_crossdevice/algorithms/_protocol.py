@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from tf_crossdevice._core import checks as _checks
 from tf_crossdevice.algorithms import _flat
+from tf_crossdevice.packing import _packed_all_reduce
 
 AllReduceBuilder: TypeAlias = Callable[
     [Sequence[tf.Tensor], int], list[tf.Tensor]
@@ -46,14 +47,11 @@ AllReduceBuilder: TypeAlias = Callable[
 BuilderFactory: TypeAlias = Callable[[int], AllReduceBuilder]
 """shards -> the builder; registered under an algorithm name."""
 
-BatchAllReduce: TypeAlias = Callable[
-    [Sequence[Sequence[tf.Tensor]], Sequence[int]], list[list[tf.Tensor]]
-]
-"""(values[k][d], index of each value) -> sums[k][d].
-
-A builder may carry one as its `all_reduce_batch` attribute: it reduces a
-whole batch with a graph whose size does not grow with the number of
-values times devices times steps (see `all_reduce_batch`)."""
+# (values[k][d], index of each value) -> sums[k][d], defined with packing
+# (which calls it). A builder may carry one as its `all_reduce_batch`
+# attribute: it reduces a whole batch with a graph whose size does not grow
+# with the number of values times devices times steps (`all_reduce_batch`).
+BatchAllReduce = _packed_all_reduce.BatchAllReduce
 
 
 def all_reduce_batch(

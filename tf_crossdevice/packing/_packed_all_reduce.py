@@ -22,7 +22,7 @@ BatchAllReduce: TypeAlias = Callable[
     [Sequence[Sequence[tf.Tensor]], Sequence[int]], list[list[tf.Tensor]]
 ]
 """(values[k][d], index of each value) -> sums[k][d], the d-th on
-values[k][d].device (as `algorithms._protocol.BatchAllReduce`)."""
+values[k][d].device: what an algorithm offers to reduce a whole batch."""
 
 
 def check_packing(

@@ -1,7 +1,8 @@
 r"""Trains a Keras model data-parallel with tf_crossdevice: every mode, one job.
 
 With no flags this is README's main job: it starts 2 local worker processes
-on 127.0.0.1 with 2 logical CPU devices each, and they train a small
+on 127.0.0.1, each with its share of this machine's GPUs (or 2 logical CPU
+devices, where there is not one GPU for each), and they train a small
 ResNet-style CNN between-graph (`tf_crossdevice.MultiWorkerMirroredStrategy`
 with `HierarchicalCollectiveAllReduce`) on a learnable synthetic task with
 Keras `model.fit`, write TensorBoard scalars and checkpoints to a fresh
@@ -14,7 +15,8 @@ Keras `model.fit`, write TensorBoard scalars and checkpoints to a fresh
 
 Modes:
   mirrored    one process, tf.distribute.MirroredStrategy over
-              --devices_per_worker local devices, any single-worker class.
+              --devices_per_worker local devices (default: every GPU, else
+              2 logical CPUs), any single-worker class.
   collective  between-graph, one process per worker (--job_name=worker or
               chief, --task_index; or TF_CONFIG). Without --job_name the job
               starts --num_workers local workers itself.
@@ -41,7 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import train_flags  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
-from train_flags import class_of, cluster_of, has_gpus, task_of  # noqa: E402
+from train_flags import class_of, cluster_of, task_of  # noqa: E402
 
 
 def total_steps(v: Any, num_train: int) -> int:
@@ -102,23 +104,24 @@ def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
     )
 
 
-def local_devices(n: int) -> list[str]:
-    """n GPUs, or n logical CPUs without GPUs; call before TF runs ops."""
+def local_devices(v: Any) -> list[str]:
+    """This worker's replica devices (train_flags.local_devices_of): its
+    GPUs, the others hidden, or logical CPUs, every GPU hidden so that
+    workers sharing a host leave its GPUs alone. Call before TF runs ops."""
     import tensorflow as tf
 
+    chosen = train_flags.local_devices_of(v.flag_values_dict())
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        if len(gpus) < n:
-            raise app.UsageError(
-                f"--devices_per_worker: {n} but this machine has "
-                f"{len(gpus)} GPU(s)"
-            )
-        return [f"/gpu:{i}" for i in range(n)]
+    if chosen.device_type == "GPU":
+        mine = gpus[chosen.first_gpu : chosen.first_gpu + chosen.count]
+        tf.config.set_visible_devices(mine, "GPU")
+        return [f"/gpu:{i}" for i in range(chosen.count)]
+    tf.config.set_visible_devices([], "GPU")
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * n
+        cpu, [tf.config.LogicalDeviceConfiguration()] * chosen.count
     )
-    return [f"/cpu:{i}" for i in range(n)]
+    return [f"/cpu:{i}" for i in range(chosen.count)]
 
 
 def load_data(v: Any) -> Any:
@@ -153,7 +156,7 @@ def run_mirrored(v: Any) -> int:
     import tensorflow as tf
     import train_loops
 
-    devices = local_devices(v.devices_per_worker)
+    devices = local_devices(v)
     ops = make_cross_device_ops(v, devices)
     strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
     print(f"mode=mirrored: {len(devices)} devices, {type(ops).__name__}")
@@ -185,7 +188,7 @@ def run_collective_worker(v: Any) -> int:
         )
     else:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    devices = local_devices(v.devices_per_worker)
+    devices = local_devices(v)
     ops = make_cross_device_ops(v)
     strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
         cross_device_ops=ops,
@@ -229,17 +232,18 @@ def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
     import tf_crossdevice
     from tf_crossdevice import cluster as cluster_lib
 
-    device_type = "GPU" if has_gpus() else "CPU"
+    chosen = train_flags.local_devices_of(v.flag_values_dict())
+    device_type, per_worker = chosen.device_type, chosen.count
     replicas = cluster_lib.WorkerReplicas(
         cluster,
-        replicas_per_worker=v.devices_per_worker,
+        replicas_per_worker=per_worker,
         device_type=device_type,
     )
     spec = v.all_reduce_spec or "pscpu/pscpu#2"
     extra = {} if v.compression == "none" else {"compression": v.compression}
     ops = tf_crossdevice.MultiWorkerAllReduce(
         replicas.worker_devices,
-        v.devices_per_worker if device_type == "GPU" else 0,
+        per_worker if device_type == "GPU" else 0,
         spec,
         num_packs=v.num_packs or 0,
         agg_small_grads_max_bytes=v.agg_small_grads_max_bytes,
@@ -248,7 +252,7 @@ def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
     )
     print(
         f"mode=in_graph: {len(replicas.worker_devices)} workers x "
-        f"{v.devices_per_worker} devices, MultiWorkerAllReduce "
+        f"{per_worker} devices, MultiWorkerAllReduce "
         f"all_reduce_spec={spec!r}",
         flush=True,
     )
@@ -266,10 +270,9 @@ def serve_in_graph_worker(v: Any, cluster: dict[str, list[str]]) -> int:
     """A worker server of an in-graph job; serves until it is stopped."""
     import tensorflow as tf
 
-    local_devices(v.devices_per_worker)
-    config = tf.compat.v1.ConfigProto(
-        device_count={"CPU": v.devices_per_worker}
-    )
+    devices = local_devices(v)
+    cpus = len(devices) if devices[0].startswith("/cpu") else 1
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": cpus})
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster),
         job_name="worker",
@@ -311,8 +314,10 @@ def launch_in_graph(v: Any) -> int:
     from tf_crossdevice import cluster as cluster_lib
 
     start = time.perf_counter()
+    chosen = train_flags.local_devices_of(v.flag_values_dict())
+    cpus = chosen.count if chosen.device_type == "CPU" else 1
     with cluster_lib.start_local_cluster(
-        v.num_workers, cpus_per_worker=v.devices_per_worker
+        v.num_workers, cpus_per_worker=cpus
     ) as local:
         print(
             f"started {local.num_workers} local worker servers: "
@@ -348,6 +353,9 @@ def main(argv: list[str]) -> int:
             f"model_dir: {v.model_dir} (tensorboard --logdir={v.model_dir})",
             flush=True,
         )
+        note = train_flags.local_devices_of(v.flag_values_dict()).note
+        if note:
+            print(f"--devices_per_worker unset: {note}", flush=True)
     if v.mode == "mirrored":
         return run_mirrored(v)
     if v.mode == "collective":

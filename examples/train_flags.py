@@ -9,6 +9,8 @@ the flags that combine.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import os
 from typing import Any
@@ -46,6 +48,9 @@ TAKES_COMPRESSION = (
 )
 COMPRESSIONS = ("none", "bf16", "fp16")
 IMPLEMENTATIONS = ("AUTO", "RING", "NCCL")
+# Logical CPU devices per worker where the host has no GPU for each worker.
+CPU_DEVICES_PER_WORKER = 2
+_LOOPBACK = ("localhost", "[::1]", "::1")
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -145,8 +150,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     )
     d.DEFINE_integer(
         "devices_per_worker",
-        2,
-        "Replicas per worker: GPUs, or logical CPUs without GPUs.",
+        None,
+        "Replicas per worker: GPUs, or logical CPUs without GPUs (default: "
+        "the host's GPUs shared out between its workers, else "
+        f"{CPU_DEVICES_PER_WORKER} logical CPUs).",
         lower_bound=1,
         flag_values=fv,
     )
@@ -304,17 +311,167 @@ def task_of(v: dict[str, Any]) -> tuple[str | None, int | None]:
     return job, index
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalDevices:
+    """One worker's replicas: `count` devices of `device_type`.
+
+    Attributes:
+        device_type: "GPU" or "CPU" (logical CPU devices).
+        count: replicas of this worker.
+        first_gpu: this worker's first GPU among the host's (workers on one
+            host use disjoint GPUs).
+        note: why the default left some of the host's GPUs unused, if it
+            did.
+    """
+
+    device_type: str
+    count: int
+    first_gpu: int = 0
+    note: str = ""
+
+
+def resolve_local_devices(
+    requested: int | None,
+    num_gpus: int,
+    *,
+    workers_on_host: int = 1,
+    rank_on_host: int = 0,
+    num_workers: int = 1,
+    batch_size: int | None = None,
+) -> LocalDevices:
+    """One worker's devices: --devices_per_worker, or the default.
+
+    The default shares the host's `num_gpus` GPUs out evenly between the
+    `workers_on_host` workers there (as many each as also split
+    `batch_size` evenly over the replicas of all `num_workers` workers);
+    where that is not one GPU each, every worker gets
+    CPU_DEVICES_PER_WORKER logical CPU devices and the GPUs are not used.
+
+    >>> resolve_local_devices(None, 0)
+    LocalDevices(device_type='CPU', count=2, first_gpu=0, note='')
+    >>> resolve_local_devices(None, 1).count
+    1
+    >>> d = resolve_local_devices(None, 8, workers_on_host=2, rank_on_host=1,
+    ...                           num_workers=2)
+    >>> d.device_type, d.count, d.first_gpu
+    ('GPU', 4, 4)
+
+    Raises:
+        flags.ValidationError: `requested` GPUs for each worker on this
+            host are more than it has (the message names the flag).
+    """
+    share = num_gpus // workers_on_host
+    if requested is None:
+        if share == 0:
+            note = ""
+            if num_gpus:
+                note = (
+                    f"{num_gpus} GPU(s) cannot give each of the "
+                    f"{workers_on_host} workers on this host one: each uses "
+                    f"{CPU_DEVICES_PER_WORKER} logical CPU devices (fewer "
+                    "--num_workers, or --mode=mirrored, uses the GPUs)"
+                )
+            return LocalDevices("CPU", CPU_DEVICES_PER_WORKER, note=note)
+        count = share
+        while count > 1 and batch_size and batch_size % (num_workers * count):
+            count -= 1
+        note = ""
+        if count < share:
+            note = (
+                f"{count} of the {share} GPU(s) each worker could use: "
+                f"--batch_size={batch_size} splits evenly over "
+                f"{num_workers * count} replicas, not over "
+                f"{num_workers * share}"
+            )
+        return LocalDevices("GPU", count, rank_on_host * share, note)
+    if num_gpus == 0:
+        return LocalDevices("CPU", requested)
+    if requested > share:
+        asked = (
+            f"{requested} GPU(s)"
+            if workers_on_host == 1
+            else f"{requested} GPU(s) for each of the {workers_on_host} "
+            f"workers on this host ({requested * workers_on_host} in all)"
+        )
+        raise flags.ValidationError(
+            f"--devices_per_worker: {asked}, but this host has {num_gpus} "
+            "GPU(s); leave --devices_per_worker unset to use what there is, "
+            "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on logical CPU "
+            "devices"
+        )
+    return LocalDevices("GPU", requested, rank_on_host * requested)
+
+
+def _host(address: str) -> str:
+    host = address.rsplit(":", 1)[0]
+    return "loopback" if host in _LOOPBACK or host.startswith("127.") else host
+
+
+def host_share(v: dict[str, Any]) -> tuple[int, int]:
+    """(workers on this process's host, this worker's rank among them).
+
+    Mirrored runs one worker. A job without --job_name starts
+    --num_workers local workers. A worker or chief counts the tasks of the
+    cluster at its own host; the in-graph controller, the most worker tasks
+    that share one host.
+    """
+    if v["mode"] == "mirrored":
+        return 1, 0
+    job, index = task_of(v)
+    cluster, _ = cluster_of(v)
+    if job is None or cluster is None:
+        return v["num_workers"], 0
+    tasks = [
+        (j, i, _host(a))
+        for j in ("chief", "worker")
+        for i, a in enumerate(cluster.get(j, []))
+    ]
+    if job == "controller" or index is None:
+        counts = collections.Counter(host for *_, host in tasks)
+        return max(counts.values(), default=1), 0
+    here = next((h for j, i, h in tasks if (j, i) == (job, index)), None)
+    if here is None:  # not a task of the cluster: check_flags says so
+        return 1, 0
+    sharing = [(j, i) for j, i, h in tasks if h == here]
+    return len(sharing), sharing.index((job, index))
+
+
+def num_workers_of(v: dict[str, Any]) -> int:
+    """Workers whose replicas share a global batch."""
+    if v["mode"] == "mirrored":
+        return 1
+    cluster, _ = cluster_of(v)
+    if cluster is None:
+        return v["num_workers"]
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+
+
+def num_local_gpus() -> int:
+    """GPUs TensorFlow sees on this host (CUDA_VISIBLE_DEVICES applies)."""
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def local_devices_of(v: dict[str, Any]) -> LocalDevices:
+    """This worker's devices, by `resolve_local_devices` on this host."""
+    workers_on_host, rank = host_share(v)
+    return resolve_local_devices(
+        v["devices_per_worker"],
+        num_local_gpus(),
+        workers_on_host=workers_on_host,
+        rank_on_host=rank,
+        num_workers=num_workers_of(v),
+        batch_size=v["batch_size"],
+    )
+
+
 def num_replicas(v: dict[str, Any]) -> tuple[int, str]:
     """How many replicas share a global batch, and how that was counted."""
-    per = v["devices_per_worker"]
+    per = local_devices_of(v).count
     if v["mode"] == "mirrored":
         return per, f"{per} devices_per_worker"
-    cluster, _ = cluster_of(v)
-    workers = (
-        len(cluster.get("chief", [])) + len(cluster.get("worker", []))
-        if cluster
-        else v["num_workers"]
-    )
+    workers = num_workers_of(v)
     return workers * per, f"{workers} workers x {per} devices_per_worker"
 
 
@@ -330,12 +487,6 @@ def spec_algorithms(spec: str) -> list[str]:
         spec, algorithms.algorithm_names()
     )
     return [name for r in parsed for name in r.alg.split("/")]
-
-
-def has_gpus() -> bool:
-    import tensorflow as tf
-
-    return bool(tf.config.list_physical_devices("GPU"))
 
 
 def check_flags(v: dict[str, Any]) -> None:
@@ -421,13 +572,14 @@ def check_flags(v: dict[str, Any]) -> None:
                 f"algorithm name, got {v['all_reduce_spec']!r}"
             )
         local_devices = job != "controller"
-        if "nccl" in algorithms and local_devices and not has_gpus():
+        on_cpus = local_devices_of(v).device_type == "CPU"
+        if "nccl" in algorithms and local_devices and on_cpus:
             raise flags.ValidationError(
                 f"--all_reduce_spec: {v['all_reduce_spec']!r} runs NCCL, "
                 "which needs GPUs; this machine's workers have only CPUs "
                 "(try xring, rechd or pscpu)"
             )
-    if name == "NcclAllReduce" and not has_gpus():
+    if name == "NcclAllReduce" and local_devices_of(v).device_type == "CPU":
         raise flags.ValidationError(
             "--cross_device_ops: NcclAllReduce needs GPUs; this machine has "
             "only CPUs"

@@ -278,6 +278,151 @@ def test_good_combinations_pass():
             train_flags.check_flags(FLAGS.flag_values_dict())
 
 
+@pytest.mark.parametrize(
+    "num_gpus, workers_on_host, rank, num_workers, batch_size, want",
+    [
+        (0, 1, 0, 1, 64, ("CPU", 2, 0)),
+        (0, 2, 1, 2, 64, ("CPU", 2, 0)),
+        (1, 1, 0, 1, 64, ("GPU", 1, 0)),
+        # One GPU cannot serve two workers: both use logical CPUs.
+        (1, 2, 1, 2, 64, ("CPU", 2, 0)),
+        (2, 2, 1, 2, 64, ("GPU", 1, 1)),
+        (8, 1, 0, 1, 64, ("GPU", 8, 0)),
+        (8, 2, 1, 2, 64, ("GPU", 4, 4)),
+        (8, 2, 1, 4, 64, ("GPU", 4, 4)),
+        # 6 GPUs do not split 64 examples evenly: 4 of them do.
+        (6, 1, 0, 1, 64, ("GPU", 4, 0)),
+        (3, 1, 0, 1, 30, ("GPU", 3, 0)),
+        (3, 3, 2, 3, 64, ("GPU", 1, 2)),
+    ],
+)
+def test_default_devices_per_worker_follow_the_gpus(
+    num_gpus, workers_on_host, rank, num_workers, batch_size, want
+):
+    got = train_flags.resolve_local_devices(
+        None,
+        num_gpus,
+        workers_on_host=workers_on_host,
+        rank_on_host=rank,
+        num_workers=num_workers,
+        batch_size=batch_size,
+    )
+    assert (got.device_type, got.count, got.first_gpu) == want
+    # A note says why GPUs were left unused, and only then.
+    used = got.count * workers_on_host if got.device_type == "GPU" else 0
+    assert bool(got.note) == (used < num_gpus), got.note
+
+
+@pytest.mark.parametrize(
+    "requested, num_gpus, workers_on_host, rank, want",
+    [
+        (3, 0, 2, 1, ("CPU", 3, 0)),
+        (1, 1, 1, 0, ("GPU", 1, 0)),
+        (2, 8, 2, 1, ("GPU", 2, 2)),
+    ],
+)
+def test_explicit_devices_per_worker(
+    requested, num_gpus, workers_on_host, rank, want
+):
+    got = train_flags.resolve_local_devices(
+        requested, num_gpus, workers_on_host=workers_on_host, rank_on_host=rank
+    )
+    assert (got.device_type, got.count, got.first_gpu) == want
+
+
+@pytest.mark.parametrize(
+    "requested, num_gpus, workers_on_host, message",
+    [
+        (2, 1, 1, r"--devices_per_worker: 2 GPU\(s\), but this host has 1"),
+        (
+            2,
+            2,
+            2,
+            r"--devices_per_worker: 2 GPU\(s\) for each of the 2 workers on "
+            r"this host \(4 in all\), but this host has 2 GPU\(s\); leave "
+            r"--devices_per_worker unset",
+        ),
+    ],
+)
+def test_more_gpus_than_the_host_has_name_the_flag(
+    requested, num_gpus, workers_on_host, message
+):
+    with pytest.raises(flags.ValidationError, match=message):
+        train_flags.resolve_local_devices(
+            requested, num_gpus, workers_on_host=workers_on_host
+        )
+
+
+def test_resolve_local_devices_docstring_examples():
+    import doctest
+
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for test in finder.find(train_flags.resolve_local_devices):
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+
+
+@pytest.mark.parametrize(
+    "overrides, want",
+    [
+        ({}, (2, 0)),  # the job's own local workers
+        ({"mode": "mirrored"}, (1, 0)),
+        (
+            {
+                "job_name": "worker",
+                "task_index": 2,
+                "worker_hosts": ["a:1", "b:1", "localhost:2", "127.0.0.1:3"],
+            },
+            (2, 0),
+        ),
+        (
+            {
+                "job_name": "worker",
+                "task_index": 0,
+                "cluster_spec": '{"chief": ["a:1"], "worker": ["a:2", "b:1"]}',
+                "batch_size": 60,
+            },
+            (2, 1),
+        ),
+        (
+            {
+                "mode": "in_graph",
+                "loop": "custom",
+                "job_name": "controller",
+                "worker_hosts": ["a:1", "a:2", "a:3", "b:1"],
+            },
+            (3, 0),
+        ),
+    ],
+    ids=["local", "mirrored", "loopback", "chief_first", "controller"],
+)
+def test_host_share_counts_the_tasks_of_this_host(overrides, want):
+    with flagsaver.flagsaver(**overrides):
+        assert train_flags.host_share(FLAGS.flag_values_dict()) == want
+
+
+def test_the_defaults_run_on_a_one_gpu_host(monkeypatch):
+    """The main job's two local workers cannot share one GPU: logical CPUs;
+    mirrored uses the GPU; asking for 2 GPUs names the flag."""
+    monkeypatch.setattr(train_flags, "num_local_gpus", lambda: 1)
+    values = FLAGS.flag_values_dict()
+    train_flags.check_flags(values)
+    devices = train_flags.local_devices_of(values)
+    assert (devices.device_type, devices.count) == ("CPU", 2)
+    assert "--num_workers" in devices.note
+    with flagsaver.flagsaver(mode="mirrored"):
+        values = FLAGS.flag_values_dict()
+        train_flags.check_flags(values)
+        assert train_flags.num_replicas(values) == (1, "1 devices_per_worker")
+        assert train_flags.local_devices_of(values).device_type == "GPU"
+    rejected(
+        r"--devices_per_worker: 2 GPU\(s\), but this host has 1 GPU",
+        mode="mirrored",
+        devices_per_worker=2,
+    )
+
+
 def test_batch_indices_cover_each_epoch_once():
     rows = train_data.batch_indices(10, 4, seed=3, start=0, stop=5)
     stream = rows.ravel()

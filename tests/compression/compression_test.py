@@ -347,7 +347,9 @@ def test_two_level_compresses_only_the_outer_stage():
 
 
 def test_nccl_itself_across_workers_refuses_compression(monkeypatch):
-    monkeypatch.setattr(nccl, "nccl_unavailable_reason", lambda devices: None)
+    monkeypatch.setattr(
+        nccl, "nccl_unavailable_reason", lambda devices, dtype=None: None
+    )
     cpus = testing.cpu_devices(2)
     tensors = []
     for d in cpus:

@@ -7,6 +7,7 @@ reaches TensorFlow's NCCL kernels.
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl import logging as absl_logging
 
@@ -33,6 +34,18 @@ def test_gpu_strings_on_a_cpu_build_say_why():
         assert reason is None
     else:
         assert "no NCCL kernel" in reason
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.int8, tf.complex64])
+def test_dtypes_the_nccl_kernel_lacks_are_refused(dtype):
+    reason = nccl.nccl_unavailable_reason(["/gpu:0", "/gpu:1"], dtype)
+    assert reason == f"TensorFlow's NCCL kernel takes no {dtype.name}"
+
+
+def test_nccl_dtypes_pass_the_dtype_check():
+    for dtype in (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64):
+        reason = nccl.nccl_unavailable_reason(["/gpu:0", "/gpu:1"], dtype)
+        assert reason is None or "takes no" not in reason
 
 
 def test_duplicate_gpus_are_refused():

@@ -1,8 +1,10 @@
 """NCCL all-reduce through TensorFlow's NCCL kernels, with a CPU fallback.
 
-TensorFlow registers `NcclAllReduce` for GPUs only (it has no CPU kernel) and
-NCCL refuses two ranks on one GPU. `nccl_all_reduce` therefore checks the
-devices first: when they are not distinct GPUs of a CUDA/ROCm build it logs
+TensorFlow registers `NcclAllReduce` for GPUs only (it has no CPU kernel)
+and a few dtypes (no bfloat16), and NCCL refuses two ranks on one GPU
+(logical GPUs split from one included). `nccl_all_reduce` therefore checks
+first: when the devices are not distinct GPUs of a CUDA/ROCm build, or the
+dtype is not NCCL's, it logs
 once, naming the devices, and sums on the first device instead (see
 `_reduction_to_one_device`), which on one host is the fastest CPU path.
 
@@ -28,9 +30,15 @@ from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _reduction_to_one_device as one_device
 from tf_crossdevice.compression import _codec as codec
 
+# The dtypes TensorFlow's NcclAllReduce kernel takes.
+NCCL_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
-def nccl_unavailable_reason(devices: Sequence[str]) -> str | None:
-    """Why NCCL cannot all-reduce across `devices`, or None if it can.
+
+def nccl_unavailable_reason(
+    devices: Sequence[str], dtype: tf.DType | None = None
+) -> str | None:
+    """Why NCCL cannot all-reduce `dtype` across `devices`, or None if it
+    can.
 
     >>> nccl_unavailable_reason(["/device:CPU:0", "/device:CPU:1"])
     'devices are not all GPUs: /device:CPU:0, /device:CPU:1'
@@ -38,6 +46,16 @@ def nccl_unavailable_reason(devices: Sequence[str]) -> str | None:
     names = [devices_lib.parse_device(d) for d in devices]
     if any(n.device_type != "GPU" for n in names):
         return "devices are not all GPUs: " + ", ".join(devices)
+    if dtype is not None and dtype not in NCCL_DTYPES:
+        return f"TensorFlow's NCCL kernel takes no {dtype.name}"
+    logical = len(tf.config.list_logical_devices("GPU"))
+    physical = len(tf.config.list_physical_devices("GPU"))
+    if logical > physical:
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected").
+        return (
+            f"this process splits {physical} GPU(s) into {logical} logical "
+            "GPUs; NCCL needs one physical GPU per rank"
+        )
     canonical = [tf_internal.canonicalize_device(d) for d in devices]
     if len(set(canonical)) != len(canonical):
         return "NCCL needs distinct GPUs, got " + ", ".join(devices)
@@ -75,7 +93,9 @@ def nccl_all_reduce(
     if not tensors:
         raise ValueError("tensors: expected at least one tensor, got none")
     devices = [t.device for t in tensors]
-    reason = nccl_unavailable_reason(devices) if len(tensors) > 1 else None
+    reason = None
+    if len(tensors) > 1:
+        reason = nccl_unavailable_reason(devices, tensors[0].dtype)
     wire = codec.Wire(devices, tensors[0].dtype, compression, same_worker)
     if wire.active and reason is None:
         raise ValueError(

@@ -85,13 +85,17 @@ def in_graph(spec: str) -> None:
         with tf.device(w):
             sums.append(tf.Variable(tf.zeros([SIZE], tf.float32)))
 
+    # A tensor of this client's that the workers pull: they must reach the
+    # client at its bridge address, not at their own loopback.
+    modulus = tf.constant(13, tf.int64)
+
     @tf.function
     def step():
         parts = []
         for task, w in enumerate(workers):
             with tf.device(w):  # Built on the worker: nothing from here.
                 n = tf.range(SIZE, dtype=tf.int64) * (task + 1)
-                parts.append(tf.cast(n % 13, tf.float32))
+                parts.append(tf.cast(n % modulus, tf.float32))
         reduced = ops.reduce(
             tf.distribute.ReduceOp.SUM,
             tf_crossdevice.ops.PerReplica(parts),

@@ -101,6 +101,8 @@ def test_in_graph_across_two_hosts_sums_and_moves_s_each_way():
         assert [a.rsplit(":", 1)[0] for a in spec["worker"]] == [
             h.address for h in bed.hosts
         ]
+        # The client, on the bridge, as the workers dial it.
+        assert spec["localhost"][0].startswith(bed.client_address + ":")
         before = bed.link_bytes()
         client = processes.start_module(
             "tests.emulated_hosts_child",

@@ -89,19 +89,29 @@ class LocalCluster:
 
     Attributes:
         cluster_spec: `tf.train.ClusterSpec` with one job (`job_name`) whose
-            tasks are the workers' `host:port` addresses, in task order.
+            tasks are the workers' `host:port` addresses, in task order; on
+            emulated hosts also the client's own job, "localhost", at an
+            address on the hosts' bridge.
         num_workers: how many workers were started.
     """
 
-    def __init__(self, job_name: str, workers: list[_Worker]) -> None:
+    def __init__(
+        self,
+        job_name: str,
+        workers: list[_Worker],
+        client_address: str | None = None,
+    ) -> None:
         """Takes ownership of started worker processes (internal).
 
         Args:
             job_name: the job the workers serve.
             workers: the processes, in task order.
+            client_address: where the workers reach a connected client, if
+                not where TensorFlow says by default (its own loopback).
         """
         self._job_name = job_name
         self._workers = workers
+        self._client_address = client_address
         self._lock = threading.Lock()
         self._stopped = False
 
@@ -111,7 +121,13 @@ class LocalCluster:
 
     @property
     def cluster_spec(self) -> tf.train.ClusterSpec:
-        return tf.train.ClusterSpec({self._job_name: self.addresses})
+        jobs = {self._job_name: self.addresses}
+        if self._client_address is not None:
+            # A connecting client is "localhost" at localhost:port unless
+            # the spec names it: a worker on an emulated host would dial
+            # its own loopback to pull a tensor from the client.
+            jobs["localhost"] = [self._client_address]
+        return tf.train.ClusterSpec(jobs)
 
     @property
     def addresses(self) -> list[str]:
@@ -344,7 +360,10 @@ def _launch(
     workers: list[_Worker] = []
     # Owns the list from the start, so that a failed start stops the
     # workers already started.
-    cluster = LocalCluster(job_name, workers)
+    client = None
+    if hosts is not None:
+        client = f"{hosts.client_address}:{_processes.free_ports(1)[0]}"
+    cluster = LocalCluster(job_name, workers, client)
     for task_index, port in enumerate(ports):
         command = _worker_command(spec, job_name, task_index, cpus_per_worker)
         if hosts is not None:

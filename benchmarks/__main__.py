@@ -6,8 +6,12 @@ devices, each group in a process of its own), then the multi-worker groups
 tf_crossdevice's MultiWorkerMirroredStrategy against TensorFlow's, whose
 worker holds the sum of its local devices' values), prints the table and
 writes `results.txt`, `results.md`, `results.json` and `time_vs_size.png`
-to `--output_dir`. Exit code 0 when every result was verified and timed, 2
-when something failed (its row says why), 1 on a usage error.
+to `--output_dir`. With `--emulated_hosts=2,3,4`, the multi-worker groups
+run again with one worker per emulated host (a network namespace on a link
+shaped to `--link_rate`, an equal share of the cores each; needs root on
+Linux), where the wire, not the cores, bounds them. Exit code 0 when every
+result was verified and timed, 2 when something failed (its row says why),
+1 on a usage error.
 
 `--quick` (a few minutes on two shared cores) uses stand-ins: the first 24
 ResNet-50 tensors, 32 small tensors, two sweep sizes, 4 devices, 2 workers
@@ -60,6 +64,15 @@ def define_flags() -> None:
     flags.DEFINE_list("devices", ["2", "4", "8"], "Logical CPU device counts.")
     flags.DEFINE_list("workers", ["2", "3"], "Worker process counts.")
     flags.DEFINE_list(
+        "emulated_hosts",
+        [],
+        "Host counts: the multi-worker groups again, one worker per "
+        "emulated host (tf_crossdevice.cluster.hosts; needs root).",
+    )
+    flags.DEFINE_string(
+        "link_rate", "1gbit", "Emulated hosts' link rate, each way ('tc')."
+    )
+    flags.DEFINE_list(
         "local_devices",
         ["1", "2"],
         "Logical CPU devices per worker process (multi-worker groups).",
@@ -107,7 +120,7 @@ def define_flags() -> None:
         "Budget of tf_crossdevice.autotune in each single-process group.",
         lower_bound=0.001,
     )
-    for name in ("devices", "workers"):
+    for name in ("devices", "workers", "emulated_hosts"):
         flags.register_validator(
             name,
             lambda values: all(v.isdigit() and int(v) >= 2 for v in values),
@@ -190,6 +203,14 @@ def main(argv: list[str]) -> int:
     devices = [int(v) for v in FLAGS.devices]
     workers = [int(v) for v in FLAGS.workers]
     local_devices = [int(v) for v in FLAGS.local_devices]
+    emulated = [int(v) for v in FLAGS.emulated_hosts]
+    if emulated:
+        from tf_crossdevice.cluster import hosts as hosts_lib
+
+        try:
+            hosts_lib.parse_rate(FLAGS.link_rate)
+        except ValueError as e:
+            raise app.UsageError(f"--{e}") from None
     single = _workloads("workloads")
     across = _workloads("multi_worker_workloads")
     missing = missing_extras()
@@ -226,7 +247,7 @@ def main(argv: list[str]) -> int:
     across_candidates = {
         w.name: candidates_lib.multi_worker_candidates(w, FLAGS.quick)
         + candidates_lib.strategy_candidates(FLAGS.quick)
-        for w in (across if workers else [])
+        for w in (across if workers or emulated else [])
     }
     every = [c for _, _, group in plan for c in group]
     every += [c for group in across_candidates.values() for c in group]
@@ -250,7 +271,8 @@ def main(argv: list[str]) -> int:
         run.write(output / "results.json")
 
     with tqdm.tqdm(
-        total=len(plan) + len(workers) * len(across) * len(local_devices),
+        total=len(plan)
+        + (len(workers) + len(emulated)) * len(across) * len(local_devices),
         file=sys.stderr,
         disable=not FLAGS.progress,
         unit="group",
@@ -268,6 +290,18 @@ def main(argv: list[str]) -> int:
         for p in workers:
             groups += groups_lib.multi_worker(
                 across, p, config, candidates_of, describe, local_devices
+            )
+            bar.update(len(across) * len(local_devices))
+            save_partial()
+        for p in emulated:
+            groups += groups_lib.multi_worker(
+                across,
+                p,
+                config,
+                candidates_of,
+                describe,
+                local_devices,
+                link_rate=FLAGS.link_rate,
             )
             bar.update(len(across) * len(local_devices))
             save_partial()

@@ -12,7 +12,11 @@ MultiWorkerMirroredStrategy sessions hold the same values, and p sessions
 of tf_crossdevice's MultiWorkerMirroredStrategy run our collectives. p
 workers with k > 1 local devices: ours with k replicas per worker against
 TensorFlow's strategy holding each worker's sum of them (same global data,
-same result: see `sessions.py`), and the rooflines.
+same result: see `sessions.py`), and the rooflines. With a link rate, the
+p workers run on p emulated hosts (`tf_crossdevice.cluster.hosts`): each
+worker server and each between-graph session on its own host, the
+in-graph client here, reaching them over the bridge; the group's roofline
+is the wire's and each entry records the bytes each host's link carried.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import pathlib
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +33,7 @@ from benchmarks import candidates as candidates_lib
 from benchmarks import records, roofline, sessions, targets
 from benchmarks import workloads as workloads_lib
 from tf_crossdevice import cluster, launch
+from tf_crossdevice.cluster import hosts as hosts_lib
 from tf_crossdevice.cluster import processes as _processes
 from tf_crossdevice.tuning import measure
 
@@ -83,6 +89,7 @@ class Sessions:
     One per entry of `envs` (its extra environment variables), each holding
     `role` ("in_graph", "mwms" or "ours_mwms"), set up with `setup` and
     `config`'s seed and warmup (ChildError if a session cannot start or set up).
+    With `hosts`, session i runs on emulated host i.
     """
 
     def __init__(
@@ -91,19 +98,20 @@ class Sessions:
         setup: dict[str, Any],
         config: Config,
         envs: Sequence[Mapping[str, str]] = ({},),
+        hosts: hosts_lib.EmulatedHosts | None = None,
     ):
         self.name, self.timeout = role, config.timeout_seconds
         self.dead: str | None = None  # Why it was stopped.
         self.children: list[_processes.Child] = []
         try:
             for i, env in enumerate(envs):
+                argv = [sys.executable, "-m", "benchmarks.sessions"]
+                argv.append(f"--role={role}")
+                if hosts is not None:
+                    argv = hosts.command(i, argv)
                 self.children.append(
-                    _processes.start_module(
-                        "benchmarks.sessions",
-                        f"--role={role}",
-                        name=f"{role} {i}",
-                        env=env,
-                        cwd=_ROOT,
+                    _processes.Child(
+                        argv, name=f"{role} {i}", env=env, cwd=_ROOT
                     )
                 )
             self.request(setup | {"seed": config.seed, "warmup": config.warmup})
@@ -216,62 +224,98 @@ def multi_worker(
     candidates_of: Callable[[workloads_lib.Workload], list[Any]],
     describe: Describe = lambda s: None,
     local_devices: Sequence[int] = (1,),
+    link_rate: str | None = None,
 ) -> list[records.Group]:
     """Verifies and times each workload's candidates across workers, with
     each of `local_devices` devices per worker (k > 1: only the
-    between-graph strategies and the rooflines).
+    between-graph strategies and the rooflines); with `link_rate`, one
+    worker per emulated host on links of that rate ('1gbit').
 
     Groups that could not be measured say why (`error`).
     """
-    describe(f"x{num_workers} workers: starting processes")
+    where = f"x{num_workers} {'hosts' if link_rate else 'workers'}"
+    describe(f"{where}: starting processes")
     note = (
         "rooflines time a one-way copy of the workload's bytes; roofline "
         "time = that * 2(p-1)/p, a ring's bytes per worker"
     )
+    if link_rate is not None:
+        note = (
+            "roofline: 2(p-1)/p*S, a bandwidth-optimal all-reduce's bytes "
+            f"per host, at {link_rate}; sent, received: what each host's "
+            "link carried per call (MiB, the most of any host), model: sent "
+            "over the bytes the entry should send (roofline.bytes_sent_model)"
+        )
     out = {
         (k, w.name): records.Group.of(
-            "multi_worker", w, num_workers, note=note, local_devices=k
+            "multi_worker",
+            w,
+            num_workers,
+            note=note,
+            local_devices=k,
+            link_rate=link_rate,
         )
         for k in local_devices
         for w in workloads
     }
-    with (
-        _failing_in(list(out.values())),
-        cluster.start_local_cluster(num_workers, cpus_per_worker=1) as workers,
-        Sessions(
-            "in_graph",
-            {
-                "cluster": workers.cluster_spec.as_dict(),
-                "autotune_budget_seconds": config.autotune_budget_seconds,
-            },
-            config,
-        ) as client,
-        Sessions(
-            "mwms", {}, config, launch.tf_config_envs(num_workers)
-        ) as mwms,
-    ):
+    with _failing_in(list(out.values())), contextlib.ExitStack() as stack:
+        bed = None
+        if link_rate is not None:
+            bed = stack.enter_context(
+                hosts_lib.EmulatedHosts(num_workers, link_rate)
+            )
+        addresses = [h.address for h in bed.hosts] if bed else "127.0.0.1"
+        workers = stack.enter_context(
+            cluster.start_local_cluster(
+                num_workers,
+                cpus_per_worker=1,
+                timeout_seconds=config.timeout_seconds if bed else 60.0,
+                hosts=bed,
+            )
+        )
+        spec = workers.cluster_spec.as_dict()
+        client = stack.enter_context(
+            Sessions(
+                "in_graph",
+                {
+                    "cluster": spec,
+                    "autotune_budget_seconds": config.autotune_budget_seconds,
+                },
+                config,
+            )
+        )
+        mwms = stack.enter_context(
+            Sessions(
+                "mwms",
+                {},
+                config,
+                launch.tf_config_envs(num_workers, addresses),
+                bed,
+            )
+        )
         for k in local_devices:
             groups = [out[k, w.name] for w in workloads]
-            with _failing_in(groups), contextlib.ExitStack() as stack:
+            with _failing_in(groups), contextlib.ExitStack() as inner:
                 ours = None
                 if any(
                     c.kind == "ours_mwms"
                     for w in workloads
                     for c in candidates_of(w)
                 ):
-                    describe(f"x{num_workers}x{k} workers: our strategy")
-                    ours = stack.enter_context(
+                    describe(f"{where}x{k}: our strategy")
+                    ours = inner.enter_context(
                         Sessions(
                             "ours_mwms",
                             {"local_devices": k},
                             config,
-                            launch.tf_config_envs(num_workers),
+                            launch.tf_config_envs(num_workers, addresses),
+                            bed,
                         )
                     )
                 for group, w in zip(groups, workloads, strict=True):
                     selected = candidates_of(w)
                     entries = _multi_worker_entries(
-                        selected, k, client, mwms, ours
+                        selected, k, client, mwms, ours, wire=bed is not None
                     )
                     # Autotune searches our in-graph candidates: only where
                     # they are measured (one device per worker).
@@ -279,7 +323,7 @@ def multi_worker(
                         c.kind == "ours_multi_worker" for c in selected
                     ):
                         entries.append((*_autotune_entry(config), client, None))
-                    _measure_group(group, w, entries, config, describe)
+                    _measure_group(group, w, entries, config, describe, bed)
     return list(out.values())
 
 
@@ -300,15 +344,18 @@ def _multi_worker_entries(
     client: Sessions,
     mwms: Sessions,
     ours: Sessions | None,
+    wire: bool = False,
 ) -> list[tuple[str, str, str | None, Sessions | None, Any]]:
     """A multi-worker group's entries: (name, family, baseline, sessions,
-    candidate); with k > 1 local devices, the between-graph ones only."""
+    candidate); with k > 1 local devices, the between-graph ones only; on
+    emulated hosts (`wire`), no loopback roofline (it measures the cores)."""
     sides = {sessions.MWMS_BASELINE: mwms, ROOFLINE_TCP: None}
     entries = [
         (*e, sides.get(e[0], client), None)
         for e in MULTI_WORKER
         # In-graph entries on the inputs: one replica per worker only.
         if local_devices == 1 or sessions.INPUTS_BASELINE not in (e[0], e[2])
+        if not (wire and e[0] == ROOFLINE_TCP)
     ]
     if ours is not None:
         entries.append(
@@ -344,10 +391,13 @@ def _measure_group(
     entries: list[tuple[str, str, str | None, Sessions | None, Any]],
     config: Config,
     describe: Describe,
+    hosts: hosts_lib.EmulatedHosts | None = None,
 ) -> records.Group:
     """Prepares every entry on its side (None: here), then times them all.
 
     Entries: (name, family, baseline, the sessions it runs in, candidate).
+    With `hosts`, each entry also gets the bytes each host's link carried
+    per call while it was timed (`LinkCounter`).
     """
     sides = list(dict.fromkeys(e[3] for e in entries if e[3] is not None))
     loaded: dict[Any, str | None] = {}
@@ -379,6 +429,9 @@ def _measure_group(
                 timers[name] = functools.partial(where.time, name)
     describe(f"{workload.name} x{group.num_replicas}: timing")
     factor = roofline.ring_bytes_per_worker(1, group.num_replicas)
+    counter = LinkCounter(hosts) if hosts is not None else None
+    if counter is not None:
+        timers = {n: counter.wrap(n, t) for n, t in timers.items()}
     try:
         records.timed_group(
             group,
@@ -392,11 +445,64 @@ def _measure_group(
     finally:
         for loopback in opened:
             loopback.close()
+    if counter is not None:
+        counter.record(group)
     for side in sides:
         with contextlib.suppress(ChildError):
             answers = side.request({"cmd": "unload"})
             group.peak_rss_bytes = max(a["peak_rss_bytes"] for a in answers)
     return group
+
+
+class LinkCounter:
+    """Counts what each emulated host's link carries while each entry is
+    timed: `wrap` a timer, then `record` the bytes per call into the
+    group's results."""
+
+    def __init__(self, hosts: hosts_lib.EmulatedHosts):
+        self.hosts = hosts
+        self.calls: dict[str, int] = {}
+        self.sent: dict[str, list[int]] = {}
+        self.received: dict[str, list[int]] = {}
+
+    def wrap(self, name: str, timer: measure.TimeFn) -> measure.TimeFn:
+        def timed(reps: int) -> float:
+            before = self.hosts.link_bytes()
+            seconds = timer(reps)
+            after = self.hosts.link_bytes()
+            self.add(name, reps, before, after)
+            return seconds
+
+        return timed
+
+    def add(
+        self,
+        name: str,
+        calls: int,
+        before: Sequence[hosts_lib.LinkBytes],
+        after: Sequence[hosts_lib.LinkBytes],
+    ) -> None:
+        """Adds `calls` calls of `name` and the counters around them."""
+        pairs = list(zip(before, after, strict=True))
+        sent = [a.sent - b.sent for b, a in pairs]
+        received = [a.received - b.received for b, a in pairs]
+        self.calls[name] = self.calls.get(name, 0) + calls
+        old_sent = self.sent.get(name, [0] * len(pairs))
+        old_received = self.received.get(name, [0] * len(pairs))
+        self.sent[name] = [x + y for x, y in zip(old_sent, sent, strict=True)]
+        self.received[name] = [
+            x + y for x, y in zip(old_received, received, strict=True)
+        ]
+
+    def record(self, group: records.Group) -> None:
+        """Each timed entry's bytes per call, per host, into `group`."""
+        for r in [*group.baselines, *group.results]:
+            calls = self.calls.get(r.name)
+            if calls:
+                r.sent_bytes_per_host = [n / calls for n in self.sent[r.name]]
+                r.received_bytes_per_host = [
+                    n / calls for n in self.received[r.name]
+                ]
 
 
 def _tcp_entry(num_bytes: int, opened: list[roofline.TcpLoopback]) -> Any:

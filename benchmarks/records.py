@@ -29,7 +29,12 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from benchmarks import roofline as roofline_lib
 from tf_crossdevice.tuning import measure
+
+# The roofline of a group on emulated hosts: not an entry, a figure
+# (`roofline.wire_seconds`).
+WIRE_ROOFLINE = "roofline: wire, 2(p-1)/p*S at the link rate"
 
 
 @dataclasses.dataclass
@@ -45,6 +50,9 @@ class Result:
         algbw_gbps: size / time. busbw_gbps: algbw * 2(n-1)/n.
         roofline_fraction: roofline time / time.
         ratio_to_tf_best: TF's best time / time (above 1: faster).
+        sent_bytes_per_host, received_bytes_per_host: on emulated hosts,
+            what each host's link carried per call while the entry was
+            timed (headers included).
     """
 
     name: str
@@ -56,6 +64,8 @@ class Result:
     busbw_gbps: float | None = None
     roofline_fraction: float | None = None
     ratio_to_tf_best: float | None = None
+    sent_bytes_per_host: list[float] | None = None
+    received_bytes_per_host: list[float] | None = None
 
     @property
     def ok(self) -> bool:
@@ -101,6 +111,9 @@ class Group:
     # Across workers: each worker's local devices (replicas of ours; TF's
     # MultiWorkerMirroredStrategy keeps one, see groups.multi_worker).
     local_devices: int = 1
+    # On emulated hosts (one per worker): their links' rate, as `tc` reads
+    # it; the group's roofline is then the wire's (WIRE_ROOFLINE).
+    link_rate: str | None = None
 
     @classmethod
     def of(cls, setting: str, workload: Any, n: int, **kw: Any) -> Group:
@@ -125,6 +138,13 @@ class Group:
         n = self.num_replicas
         if self.setting == "single_process":
             return f"single process, {n} logical CPU devices"
+        if self.link_rate is not None:
+            local = f" x {self.local_devices} local CPU devices (TF MWMS: one "
+            local = local + "replica each)" if self.local_devices > 1 else ""
+            return (
+                f"{n} emulated hosts at {self.link_rate}{local}, each a "
+                "network namespace with an equal share of the cores"
+            )
         if self.local_devices == 1:
             return f"{n} worker processes (one CPU replica each)"
         return (
@@ -141,8 +161,20 @@ class Group:
         ]
         return min(timed)[1] if timed else None
 
+    @property
+    def wire_roofline_seconds(self) -> float | None:
+        """2(p-1)/p*S at the link rate, on emulated hosts (else None)."""
+        if self.link_rate is None:
+            return None
+        return roofline_lib.wire_seconds(
+            self.size_bytes, self.num_replicas, self.link_rate
+        )
+
     def time(self, name: str | None) -> float | None:
-        """`name`'s net time from the confirmation rounds, else the rounds."""
+        """`name`'s net time from the confirmation rounds, else the rounds
+        (WIRE_ROOFLINE: the figure)."""
+        if name == WIRE_ROOFLINE and self.link_rate is not None:
+            return self.wire_roofline_seconds
         if name in self.confirmed:
             return self.confirmed[name]
         r = next((r for r in self.results if r.name == name), None)
@@ -302,6 +334,9 @@ def add_results(
         return name, seconds
 
     group.roofline, group.roofline_seconds = best("roofline")
+    if group.link_rate is not None:  # the wire, not a measured copy
+        group.roofline = WIRE_ROOFLINE
+        group.roofline_seconds = group.wire_roofline_seconds
     group.tf_best, group.tf_best_seconds = best("tf")
     group.ours_best, group.ours_best_seconds = best("ours")
     roof, tf_best = group.roofline_seconds, group.tf_best_seconds

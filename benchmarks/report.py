@@ -5,6 +5,9 @@ type, time (median minus the baseline, ms), iqr (of the step times, ms),
 algbw (size / time, GB/s), busbw (algbw * 2(n-1)/n, GB/s), roofline
 (roofline time / time), vs TF (TensorFlow's best time / time), build
 (seconds to trace, run first, check and warm up; `Result.build_seconds`).
+On emulated hosts also sent and recv (MiB per call, the most any host's
+link carried) and model (sent / `roofline.bytes_sent_model`, the host
+furthest from it; 'no model' where there is none).
 
 >>> from benchmarks import records
 >>> group = records.Group("single_process", "w", "", 4, 1, 4096, 1024,
@@ -23,6 +26,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks import roofline as roofline_lib
 from benchmarks import targets as targets_lib
 from benchmarks.records import Group, Result, Run, ratio
 
@@ -34,6 +38,41 @@ _HEADER = (
     f"#{'(B)':>11} {'(elements)':>11} {'':>7} {'':>7} {'':>10} {'':>9} "
     f"{'(GB/s)':>7} {'(GB/s)':>7} {'':>8} {'':>6} {'(s)':>7}"
 )
+
+
+_WIRE_HEADER = (
+    f" {'sent':>8} {'recv':>8} {'model':>8}",
+    f" {'(MiB)':>8} {'(MiB)':>8} {'':>8}",
+)
+
+
+def _header(g: Group) -> str:
+    if g.link_rate is None:
+        return _HEADER
+    first, second = _HEADER.split("\n")
+    head, tail = first.rsplit("  candidate", 1)
+    return (
+        f"{head}{_WIRE_HEADER[0]}  candidate{tail}\n{second}{_WIRE_HEADER[1]}"
+    )
+
+
+def _wire_columns(g: Group, r: Result) -> str:
+    """sent, recv and model of a row on emulated hosts (else nothing)."""
+    if g.link_rate is None:
+        return ""
+    sent, received = r.sent_bytes_per_host, r.received_bytes_per_host
+    model = targets_lib.bytes_model(g, r)
+    shown = "-" if sent is None else "no model"
+    if sent is not None and model is not None and len(sent) == len(model):
+        # The host furthest from its model (of those it expects to send).
+        pairs = [(s, m) for s, m in zip(sent, model, strict=True) if m]
+        worst = max(pairs, key=lambda x: abs(x[0] - x[1]), default=None)
+        shown = format_ratio(ratio(*worst)) if worst else "-"
+
+    def mib(values: list[float] | None) -> str:
+        return f"{max(values) / 2**20:.2f}" if values else "-"
+
+    return f" {mib(sent):>8} {mib(received):>8} {shown:>8}"
 
 
 def format_size(num_bytes: int) -> str:
@@ -85,8 +124,8 @@ def _row(g: Group, r: Result) -> str:
         f"{time:>10} {format_ms(iqr):>9} {format_ratio(r.algbw_gbps):>7} "
         f"{format_ratio(r.busbw_gbps):>7} "
         f"{format_ratio(r.roofline_fraction):>8} "
-        f"{format_ratio(r.ratio_to_tf_best):>6} {r.build_seconds:>7.1f}  "
-        f"{name}"
+        f"{format_ratio(r.ratio_to_tf_best):>6} {r.build_seconds:>7.1f}"
+        f"{_wire_columns(g, r)}  {name}"
     )
     return line + (f"\n{'':>12} error: {t.error}" if not r.ok else "")
 
@@ -123,11 +162,17 @@ def group_table(g: Group) -> str:
         )
     if g.note:
         lines.append(f"# {g.note}")
+    if g.link_rate is not None:
+        bound = roofline_lib.ring_bytes_per_worker(g.size_bytes, g.num_replicas)
+        lines.append(
+            f"# wire: {g.link_rate} each way per host; lower bound "
+            f"2(p-1)/p*S = {bound / 2**20:.2f} MiB sent and received per host"
+        )
     lines += _state(g)
     for b in g.baselines:
         state = b.timing.error or f"{format_ms(b.timing.median_seconds)} ms"
         lines.append(f"# {b.name}: {state}")
-    lines += ["#", _HEADER]
+    lines += ["#", _header(g)]
     return "\n".join(lines + [_row(g, r) for r in _sorted(g.results)])
 
 
@@ -188,6 +233,8 @@ def markdown_summary(run: Run) -> str:
             if g.setting == "single_process"
             else f"{n} worker processes"
         )
+        if g.link_rate is not None:
+            setting = f"{n} emulated hosts at {g.link_rate}"
         if g.local_devices > 1:
             setting += f" x {g.local_devices} local devices"
         head = f"| {g.workload} | {setting} | {g.num_tensors} / "

@@ -11,6 +11,10 @@ worker's links. The roofline time is that many bytes at the fastest
 loopback rate measured in the same run (`TcpLoopback` between two plain
 processes, and TensorFlow's gRPC copy between two workers).
 
+Across emulated hosts the wire, not the cores, bounds an all-reduce: the
+roofline is those bytes at the links' shaped rate (`wire_seconds`), and
+`bytes_sent_model` says what each host should send for an entry.
+
 >>> aligned_pieces(100, 3, 16)
 [48, 48, 4]
 >>> summer = NumpySum([np.ones(40, np.float32)] * 3, threads=2)
@@ -21,12 +25,14 @@ processes, and TensorFlow's gRPC copy between two workers).
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import socket
 import sys
 from collections.abc import Sequence
 
 import numpy as np
 
+from tf_crossdevice.cluster import hosts as hosts_lib
 from tf_crossdevice.cluster import processes as _processes
 
 # The receiver: reads `size` bytes per round and answers each round with one
@@ -135,10 +141,100 @@ class TcpLoopback:
         self._sink.stop()
 
 
-def ring_bytes_per_worker(num_bytes: int, num_workers: int) -> float:
+def ring_bytes_per_worker(num_bytes: float, num_workers: int) -> float:
     """Bytes a ring all-reduce sends (and receives) per worker: 2(p-1)/p*S.
 
     >>> ring_bytes_per_worker(100, 2), ring_bytes_per_worker(90, 3)
     (100.0, 120.0)
     """
     return 2 * (num_workers - 1) / num_workers * num_bytes
+
+
+def wire_seconds(num_bytes: int, num_hosts: int, link_rate: str) -> float:
+    """The wire roofline: a bandwidth-optimal all-reduce's bytes per host,
+    2(p-1)/p*S (Patarasuk-Yuan), at `link_rate` ('1gbit', as `tc` reads it).
+
+    >>> wire_seconds(125_000_000, 2, "1gbit"), wire_seconds(3_000, 3, "8kbit")
+    (1.0, 4.0)
+    """
+    rate = hosts_lib.parse_rate(link_rate) / 8  # bytes per second
+    return ring_bytes_per_worker(num_bytes, num_hosts) / rate
+
+
+# Entry names (prefixes) whose bytes per host follow a ring's, 2(p-1)/p*S:
+# TF's collective (RING on CPU), ours between-graph (one replica per worker,
+# or reduced inside each worker first), and our in-graph ring.
+_RING_LIKE = (
+    "TF MWMS",
+    "ours HierarchicalCollectiveAllReduce",
+    "ours MultiWorkerAllReduce xring",
+)
+# Everything to worker 0 and the sum back: worker 0 receives and sends
+# (p-1)*S, every other worker S.
+_TO_WORKER_0 = (
+    "TF ReductionToOneDevice (in-graph)",
+    "bound: sum on worker 0 and copy back, per tensor",
+)
+_COPY_0_TO_1 = (
+    "roofline: TF gRPC copy worker 0 -> 1",
+    "bound: TF gRPC copy worker 0 -> 1",
+)
+_SHUFFLE = re.compile(
+    r"ours MultiWorkerAllReduce (?:pscpu|\('pscpu/pscpu', (\d+), -1\))(?: |$)"
+)
+_HALF = ("compression=bf16", "compression=fp16", "in bfloat16")
+
+
+def bytes_sent_model(
+    name: str, num_bytes: int, num_hosts: int, local_devices: int = 1
+) -> list[float] | None:
+    """What each of `num_hosts` hosts sends for entry `name` (one replica
+    holds `num_bytes`, each worker `local_devices` replicas), or None where
+    the benchmark has no model of it. 16-bit wire formats send half.
+
+    - TF's and our collectives, the hierarchical one and the in-graph ring:
+      2(p-1)/p*S per host. Our flat collective with k > 1 local devices is
+      one ring over p*k replicas, a worker's k in a row: each host sends
+      what one replica of that ring sends, 2(pk-1)/(pk)*S.
+    - the shuffle (pscpu, `shards` shards, shard j summed on worker j mod
+      p, each a `shards`-th of S): host i sends its shards to their owners
+      and the sums of the shards it owns to every other host,
+      (1 - f_i)*S + (p-1)*f_i*S with f_i its share of the shards.
+    - TF's in-graph ReductionToOneDevice and the sum-on-worker-0 bound:
+      (p-1)*S from worker 0, S from each other; the gRPC copy: S from
+      worker 0 only.
+
+    >>> bytes_sent_model("TF MWMS RING", 90, 3)
+    [120.0, 120.0, 120.0]
+    >>> bytes_sent_model("ours MultiWorkerAllReduce pscpu num_packs=1", 90, 3)
+    [180.0, 90.0, 90.0]
+    >>> bytes_sent_model(
+    ...     "ours MultiWorkerAllReduce ('pscpu/pscpu', 2, -1) "
+    ...     "compression=bf16", 100, 2)
+    [50.0, 50.0]
+    >>> bytes_sent_model("ours CollectiveAllReduce", 100, 2, 2)
+    [150.0, 150.0]
+    >>> bytes_sent_model("ours MultiWorkerAllReduce rechd", 100, 2) is None
+    True
+    """
+    p, s = num_hosts, float(num_bytes)
+    if any(word in name for word in _HALF):
+        s /= 2
+    if name.startswith(_RING_LIKE) or (
+        name.startswith("ours CollectiveAllReduce") and local_devices == 1
+    ):
+        return [ring_bytes_per_worker(s, p)] * p
+    if name.startswith("ours CollectiveAllReduce"):
+        replicas = p * local_devices
+        return [ring_bytes_per_worker(s, replicas)] * p
+    if name.startswith(_TO_WORKER_0):
+        return [(p - 1) * s] + [s] * (p - 1)
+    if name.startswith(_COPY_0_TO_1):
+        return [s] + [0.0] * (p - 1)
+    match = _SHUFFLE.match(name)
+    if match and local_devices == 1:
+        shards = int(match[1] or 1)
+        owned = [sum(j % p == i for j in range(shards)) for i in range(p)]
+        shares = [n / shards for n in owned]
+        return [(1 - f) * s + (p - 1) * f * s for f in shares]
+    return None

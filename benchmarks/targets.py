@@ -41,6 +41,21 @@ LOCAL_TARGETS = {("resnet50", 2, 2): [(HIERARCHICAL, 1.5)]}
 BF16 = " compression=bf16"
 COMPRESSION_TARGETS = {"resnet50": ((2, 3), 1.6)}
 LOOPBACK_TARGETS = {"resnet50": (2, 0.5)}
+# On emulated hosts (one worker each, links shaped to the group's rate) the
+# wire bounds an all-reduce: workload -> [(what, threshold)] for groups with
+# one device per worker, and the hierarchical collective's gain over the
+# flat one with 2 local devices. "wire": ours best uncompressed as a
+# fraction of the wire roofline 2(p-1)/p*S / rate; "bf16": the fastest bf16
+# candidate over the same uncompressed; "tf_best": ours best over TF's best;
+# "mwms": our uncompressed CollectiveAllReduce over MWMS's best. many_small
+# is bound by per-message costs, not the wire, and has none.
+WIRE_TARGETS = {
+    "resnet50": [("wire", 0.9), ("bf16", 1.8), ("tf_best", 1.8), ("mwms", 1.0)]
+}
+WIRE_LOCAL_TARGETS = {("resnet50", 2): [(HIERARCHICAL, 1.4)]}
+# Each entry's bytes sent per host against `roofline.bytes_sent_model`:
+# within 5%, scored as min(sent, model) / max(sent, model) >= 1/1.05.
+WIRE_BYTES_WITHIN = 1 / 1.05
 # The entries the confirmation rounds re-time besides each family's best.
 REFERENCES = tuple(
     name
@@ -64,7 +79,21 @@ def references(group: Group) -> list[str]:
         best = map(group.best_among, (MWMS, HIERARCHICAL, FLAT))
         out += [name for name in best if name]
         out += _compression_entries(group)
+    if group.link_rate is not None:
+        plain = [_best_uncompressed(group, p) for p in ("ours ", FLAT)]
+        out += [name for name in plain if name]
     return out
+
+
+def _best_uncompressed(group: Group, prefix: str) -> str | None:
+    """The fastest verified result named `prefix`... without compression."""
+    timed = [
+        (r.time_seconds, r.name)
+        for r in group.results
+        if r.name.startswith(prefix) and "compression=" not in r.name
+        if r.ok and r.time_seconds
+    ]
+    return min(timed)[1] if timed else None
 
 
 def _fastest_bf16(group: Group) -> str | None:
@@ -107,6 +136,9 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
         out += _autotune_targets(g)
         base = re.sub(r"\[.*\]$", "", g.workload)
         stand_in = g.workload not in ("resnet50", "many_small")
+        if g.link_rate is not None:
+            out += wire_targets(g, base, stand_in)
+            continue
         if g.local_devices > 1:
             key = (base, g.num_replicas, g.local_devices)
             out += [
@@ -240,6 +272,114 @@ def _compression_targets(g: Group, base: str) -> list[Target]:
         name = f"{g.workload}, {g.scope}: ours best / TCP loopback roofline"
         out.append(Target(name, measured, fraction, met, False, note))
     return out
+
+
+def wire_targets(g: Group, base: str, stand_in: bool) -> list[Target]:
+    """The targets of a group on emulated hosts (WIRE_TARGETS,
+    WIRE_LOCAL_TARGETS, and the bytes each entry sent)."""
+    where = f"{g.workload}, {g.scope}"
+    goals: list[tuple[str, float]] = []
+    if g.local_devices == 1:
+        goals = WIRE_TARGETS.get(base, [])
+    locals_ = WIRE_LOCAL_TARGETS.get((base, g.local_devices), [])
+    roof = g.time(g.roofline)
+    out = []
+    for what, threshold in goals + locals_:
+        if what == "wire":
+            ours_name = _best_uncompressed(g, "ours ")
+            measured = ratio(roof, g.time(ours_name))
+            name = "ours best uncompressed / wire roofline"
+            note = f"ours best uncompressed {_ms(g.time(ours_name))} "
+            note += f"({ours_name}), wire roofline {_ms(roof)}"
+        elif what == "bf16":
+            bf16 = _fastest_bf16(g)
+            plain = bf16.removesuffix(BF16) if bf16 else None
+            measured = ratio(g.time(plain), g.time(bf16))
+            name = "bf16 vs the same uncompressed"
+            note = f"{bf16} {_ms(g.time(bf16))}, uncompressed "
+            note += f"{_ms(g.time(plain))}; wire roofline {_ms(roof)}"
+        elif what == "tf_best":
+            ours, tf_best = g.time(g.ours_best), g.time(g.tf_best)
+            measured = ratio(tf_best, ours)
+            name = "ours best vs TF best"
+            note = f"ours best {_ms(ours)} ({g.ours_best}), TF best "
+            note += f"{_ms(tf_best)} ({g.tf_best}), wire roofline {_ms(roof)}"
+        else:  # ours (uncompressed) against a reference of the same kind
+            ours_prefix, other_prefix = (
+                (FLAT, MWMS) if what == "mwms" else (what, FLAT)
+            )
+            ours_name = _best_uncompressed(g, ours_prefix)
+            other_name = _best_uncompressed(g, other_prefix)
+            ours, other = g.time(ours_name), g.time(other_name)
+            measured = ratio(other, ours)
+            label = ours_prefix.removeprefix("ours ")
+            other_label = other_prefix.removeprefix("ours ")
+            name = f"{label} vs {other_label.replace('TF MWMS', 'MWMS')} best"
+            note = f"{ours_name} {_ms(ours)}, {other_name} {_ms(other)}, "
+            note += f"wire roofline {_ms(roof)}"
+        met = measured is not None and measured >= threshold
+        if stand_in:
+            note = f"measured on a stand-in (smaller) workload; {note}"
+        name = f"{where}: {name}"
+        out.append(Target(name, measured, threshold, met, stand_in, note))
+    if base in WIRE_TARGETS:  # a few bytes are mostly headers: no target
+        out.append(_bytes_target(g))
+    return out
+
+
+def bytes_model(g: Group, r: Result) -> list[float] | None:
+    """What each host should send per call of entry `r`
+    (`roofline.bytes_sent_model`; autotune's entry: its choice's), or
+    None without a model."""
+    name = r.name
+    chosen = r.timing.chosen
+    if r.family == AUTOTUNE and chosen:
+        name = _chosen_candidate(g, r) or f"ours {chosen.removeprefix('ours ')}"
+    return roofline.bytes_sent_model(
+        name, g.size_bytes, g.num_replicas, g.local_devices
+    )
+
+
+def bytes_closeness(g: Group, r: Result) -> float | None:
+    """min(sent, model) / max(sent, model) of the host furthest from
+    `bytes_model` (hosts it expects to send nothing are left out: TF's own
+    messages are all they send), or None without counts or a model.
+
+    >>> g = Group("multi_worker", "w", "", 2, 1, 100, 25, "float32")
+    >>> from benchmarks.records import entry_of
+    >>> r = entry_of("TF MWMS RING", "tf", None, [1.0])
+    >>> r.sent_bytes_per_host = [104.0, 95.0]
+    >>> round(bytes_closeness(g, r), 3)  # host 1: 95 of 100
+    0.95
+    """
+    model, sent = bytes_model(g, r), r.sent_bytes_per_host
+    if model is None or sent is None or len(sent) != len(model):
+        return None
+    closeness = [
+        min(s, m) / max(s, m) for s, m in zip(sent, model, strict=True) if m
+    ]
+    return min(closeness, default=None)
+
+
+def _bytes_target(g: Group) -> Target:
+    """Every timed entry's bytes sent per host within 5% of its model; the
+    worst counts, entries without a model are named as such."""
+    timed = [r for r in g.results if r.ok and r.sent_bytes_per_host]
+    scored = {r.name: bytes_closeness(g, r) for r in timed}
+    modeled = {n: c for n, c in scored.items() if c is not None}
+    worst = min(modeled, key=lambda n: modeled[n], default=None)
+    measured = modeled[worst] if worst is not None else None
+    met = measured is not None and measured >= WIRE_BYTES_WITHIN
+    off = sorted(n for n, c in modeled.items() if c < WIRE_BYTES_WITHIN)
+    note = f"{len(modeled) - len(off)} of {len(modeled)} modeled entries "
+    note += f"within 5%; worst: {worst}"
+    if off:
+        note += f"; off: {', '.join(off)}"
+    unmodeled = sorted(n for n, c in scored.items() if c is None)
+    if unmodeled:
+        note += f"; no model: {', '.join(unmodeled)}"
+    name = f"{g.workload}, {g.scope}: bytes each host sent / model, worst entry"
+    return Target(name, measured, round(WIRE_BYTES_WITHIN, 3), met, False, note)
 
 
 def line(target: Target) -> str:

@@ -144,6 +144,7 @@ def loop_config(v: Any, data: Any) -> Any:
         width=v.width,
         steps=total_steps(v, data.num_train),
         batch_size=v.batch_size,
+        accumulation_steps=v.accumulation_steps,
         learning_rate=v.learning_rate,
         log_every=v.log_every,
         seed=v.seed,

@@ -242,6 +242,17 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         lower_bound=1,
         flag_values=fv,
     )
+    d.DEFINE_integer(
+        "accumulation_steps",
+        1,
+        "Micro-batches per update (--loop=custom): each global batch is "
+        "split into this many, whose gradients each replica sums locally "
+        "and all-reduces once (tf_crossdevice.GradientAccumulator), so the "
+        "wire carries 1/k of the gradient traffic; the updates are those "
+        "of 1.",
+        lower_bound=1,
+        flag_values=fv,
+    )
     d.DEFINE_float(
         "learning_rate",
         0.1,
@@ -596,6 +607,26 @@ def check_flags(v: dict[str, Any]) -> None:
             f"replicas ({how}); use a multiple of {replicas}"
         )
     loop = v["loop"] or ("custom" if mode == "in_graph" else "fit")
+    k = v["accumulation_steps"]
+    if k > 1 and mode == "in_graph":
+        raise flags.ValidationError(
+            f"--accumulation_steps: {k} micro-batches per update need a "
+            "strategy; --mode=in_graph does not accumulate (use "
+            "--mode=collective or mirrored with --loop=custom)"
+        )
+    if k > 1 and loop == "fit":
+        raise flags.ValidationError(
+            f"--accumulation_steps: {k} micro-batches per update need "
+            "--loop=custom; Keras's own gradient_accumulation_steps "
+            "all-reduces inside a cond in the replica function, which "
+            "tf.distribute refuses (merge_call in control flow)"
+        )
+    if v["batch_size"] % (replicas * k):
+        raise flags.ValidationError(
+            f"--batch_size: {v['batch_size']} does not split into "
+            f"--accumulation_steps={k} micro-batches over {replicas} "
+            f"replicas ({how}); use a multiple of {replicas * k}"
+        )
     if loop == "fit" and v["epochs"] == 0 and v["steps"] % v["log_every"]:
         raise flags.ValidationError(
             f"--steps: with --loop=fit, {v['steps']} must be a multiple of "
@@ -608,7 +639,7 @@ def _register_validators(fv: flags.FlagValues) -> None:
         "mode", "loop", "job_name", "task_index", "worker_hosts",
         "cluster_spec", "num_workers", "devices_per_worker",
         "cross_device_ops", "all_reduce_spec", "compression", "batch_size",
-        "steps", "epochs", "log_every",
+        "steps", "epochs", "log_every", "accumulation_steps",
     ]  # fmt: skip
 
     def validate(values: dict[str, Any]) -> bool:

@@ -2,7 +2,9 @@
 
 `train_with_strategy` trains under `tf.distribute.MirroredStrategy` or
 `tf_crossdevice.MultiWorkerMirroredStrategy` with Keras `model.fit` or a
-custom loop of `strategy.run` steps. `train_in_graph` is the controller of
+custom loop of `strategy.run` steps; the custom loop can split each global
+batch into micro-batches and all-reduce once per update
+(`tf_crossdevice.GradientAccumulator`). `train_in_graph` is the controller of
 an in-graph job: it keeps one copy of the model per replica on the
 workers' devices and all-reduces their gradients with
 `tf_crossdevice.MultiWorkerAllReduce` inside one `tf.function` per step.
@@ -27,6 +29,8 @@ import train_data
 import train_models
 import train_report
 
+import tf_crossdevice
+
 MOMENTUM = 0.9
 _EVAL_BATCH = 256
 
@@ -46,6 +50,8 @@ class Config:
     seed: int
     model_dir: str
     timeout_seconds: float
+    # Micro-batches per update in the custom loop (1: no accumulation).
+    accumulation_steps: int = 1
 
 
 def build_model(config: Config, data: train_data.Data) -> keras.Model:
@@ -148,6 +154,10 @@ def train_with_strategy(
     if start < config.steps:
         if config.loop == "fit":
             _fit(model, dataset, config, start, reporter, save)
+        elif config.accumulation_steps > 1:
+            _accumulating_loop(
+                strategy, model, optimizer, dataset, config, reporter, save
+            )
         else:
             _custom_loop(
                 strategy, model, optimizer, dataset, config, reporter, save
@@ -233,6 +243,85 @@ def _custom_loop(
         reporter.start_step,
         config,
         global_batch,
+        reporter,
+        save,
+    )
+
+
+def _accumulating_loop(
+    strategy, model, optimizer, dataset, config, reporter, save
+) -> None:
+    """strategy.run micro-steps; one all-reduce per global batch.
+
+    Each global batch is split into `accumulation_steps` micro-batches.
+    Every replica sums its micro-batch gradients (and its loss and correct
+    count, for the progress lines) locally; after the last micro-batch of
+    a global batch the gradients are all-reduced once and applied, and the
+    loss and count reduced once. Checkpoints are saved between global
+    batches, where the sums are zero, so they hold no accumulator.
+    """
+    loss_fn = _loss_fn()
+    k = config.accumulation_steps
+    micro_batch = config.batch_size // k
+    with strategy.scope():
+        accumulator = tf_crossdevice.GradientAccumulator(
+            model.trainable_variables, steps=k
+        )
+        # Per replica; read outside the replicas: summed over them.
+        totals = [
+            tf.Variable(
+                0.0,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+            for _ in ("loss", "correct")
+        ]
+
+    def replica_micro_step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            # Scaled as a step on the global micro-batch alone; the
+            # accumulator averages over the k micro-batches.
+            loss = tf.nn.compute_average_loss(
+                loss_fn(labels, logits), global_batch_size=micro_batch
+            )
+        accumulator.accumulate(tape.gradient(loss, model.trainable_variables))
+        guesses = tf.cast(tf.argmax(logits, axis=1), labels.dtype)
+        totals[0].assign_add(loss / k)
+        totals[1].assign_add(
+            tf.reduce_sum(tf.cast(guesses == labels, tf.float32))
+        )
+
+    @tf.function
+    def micro_step(inputs):
+        strategy.run(replica_micro_step, args=inputs)
+        return accumulator.maybe_apply_gradients(optimizer)
+
+    @tf.function
+    def read_totals():
+        loss, correct = (t.read_value() for t in totals)
+        with tf.control_dependencies([loss, correct]):
+            for t in totals:
+                t.assign(0.0)
+        return loss, correct
+
+    def updates():
+        micro_batches = iter(
+            strategy.experimental_distribute_dataset(
+                dataset.rebatch(micro_batch)
+            )
+        )
+        for _ in range(config.steps - reporter.start_step):
+            for _ in range(k):
+                micro_step(next(micro_batches))
+            yield read_totals()
+
+    _log_and_save(
+        updates(),
+        reporter.start_step,
+        config,
+        config.batch_size,
         reporter,
         save,
     )

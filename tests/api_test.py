@@ -22,6 +22,7 @@ PUBLIC_API = {
         "AllReduceCrossDeviceOps",
         "CollectiveAllReduce",
         "CollectiveCluster",
+        "GradientAccumulator",
         "HierarchicalCollectiveAllReduce",
         "HierarchicalCopyAllReduce",
         "MultiWorkerAllReduce",
@@ -137,6 +138,7 @@ PUBLIC_API = {
         "per_replica",
         "request_cpu_devices",
     ],
+    "tf_crossdevice.training": ["GradientAccumulator"],
     "tf_crossdevice.tuning": [
         "autotune",
         "cost_model",
@@ -198,10 +200,15 @@ FACES = [
     "tf_crossdevice.compression",
     "tf_crossdevice.ops",
     "tf_crossdevice.packing",
+    "tf_crossdevice.training",
     "tf_crossdevice.tuning",
 ]
 # Public classes of the top level that are not CrossDeviceOps.
-OTHER_CLASSES = {"MultiWorkerMirroredStrategy", "CollectiveCluster"}
+OTHER_CLASSES = {
+    "MultiWorkerMirroredStrategy",
+    "CollectiveCluster",
+    "GradientAccumulator",
+}
 
 
 def _public_modules(package: types.ModuleType) -> set[str]:

@@ -7,7 +7,8 @@ Pass the single-worker classes as `cross_device_ops=` to
 The folders, from the bottom up: `_core` (checks, device strings, TF
 privates), `compression`, `packing`, `algorithms`, `ops` (the single-process
 classes), `collective` (between-graph classes and the strategy), `cluster`
-(worker processes), `tuning` (measuring, autotune, cost model, selection).
+(worker processes), `tuning` (measuring, autotune, cost model, selection),
+`training` (gradient accumulation: one all-reduce per `k` micro-batches).
 Each folder's docstring says what it may import; `.importlinter` checks it.
 """
 
@@ -34,6 +35,7 @@ from tf_crossdevice.ops import MultiWorkerAllReduce  # noqa: E402
 from tf_crossdevice.ops import NcclAllReduce  # noqa: E402
 from tf_crossdevice.ops import ReductionToOneDevice  # noqa: E402
 from tf_crossdevice.ops import SpecAllReduce  # noqa: E402
+from tf_crossdevice.training import GradientAccumulator  # noqa: E402
 from tf_crossdevice.tuning import autotune  # noqa: E402
 from tf_crossdevice.tuning import cost_model  # noqa: E402
 from tf_crossdevice.tuning import select_cross_device_ops  # noqa: E402
@@ -42,6 +44,7 @@ __all__ = [
     "AllReduceCrossDeviceOps",
     "CollectiveAllReduce",
     "CollectiveCluster",
+    "GradientAccumulator",
     "HierarchicalCollectiveAllReduce",
     "HierarchicalCopyAllReduce",
     "MultiWorkerAllReduce",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -213,6 +214,22 @@ def test_the_defaults_are_the_main_job():
             r"devices_per_worker\)",
         ),
         (
+            {"accumulation_steps": 2},
+            r"--accumulation_steps: 2 micro-batches per update need "
+            r"--loop=custom; Keras's own gradient_accumulation_steps",
+        ),
+        (
+            {"mode": "in_graph", "loop": "custom", "accumulation_steps": 2},
+            r"--accumulation_steps: 2 micro-batches per update need a "
+            r"strategy; --mode=in_graph does not accumulate",
+        ),
+        (
+            {"loop": "custom", "accumulation_steps": 3},
+            r"--batch_size: 64 does not split into --accumulation_steps=3 "
+            r"micro-batches over 4 replicas \(2 workers x 2 "
+            r"devices_per_worker\); use a multiple of 12",
+        ),
+        (
             {"steps": 50, "log_every": 20},
             r"--steps: with --loop=fit, 50 must be a multiple of "
             r"--log_every=20",
@@ -264,6 +281,58 @@ def test_enum_flags_list_their_values(name, value, allowed):
         FLAGS[name].parse(value)
 
 
+def test_accumulation_steps_is_at_least_1():
+    assert FLAGS.accumulation_steps == 1
+    with pytest.raises(
+        flags.IllegalFlagValueError,
+        match=r"--accumulation_steps=0: 0 is not a positive integer",
+    ):
+        FLAGS["accumulation_steps"].parse("0")
+
+
+@pytest.mark.slow
+def test_accumulating_custom_loop_trains_as_the_plain_one(
+    tmp_path, monkeypatch
+):
+    """--accumulation_steps=4 splits each global batch into 4 micro-batches
+    and updates once per global batch: the same updates as 1 (in float)."""
+    import train_loops
+    import train_report
+
+    import tf_crossdevice
+
+    data = train_data.synthetic(4, 4, 256, 0)
+    strategy = tf.distribute.MirroredStrategy(
+        tf_crossdevice.testing.cpu_devices(2),
+        cross_device_ops=tf_crossdevice.ReductionToOneDevice(),
+    )
+
+    def final(k: int) -> tuple[float, list[np.ndarray]]:
+        config = train_loops.Config(
+            loop="custom", model="dense", depth=1, width=8, steps=4,
+            batch_size=16, learning_rate=0.1, log_every=2, seed=0,
+            model_dir=str(tmp_path / f"k{k}"), timeout_seconds=60.0,
+            accumulation_steps=k,
+        )  # fmt: skip
+        weights: list[list[np.ndarray]] = []
+        monkeypatch.setattr(
+            train_report, "weights_digest", lambda w: weights.append(w) or ""
+        )
+        summary = train_loops.train_with_strategy(
+            strategy, config, data, is_chief=True, task=0
+        )
+        assert "trained 4 steps in this run" in summary
+        assert "replica weights equal: yes" in summary
+        loss = re.search(r"final loss: (\S+)", summary)
+        assert loss, summary
+        return float(loss.group(1)), weights[0]
+
+    (plain_loss, plain), (loss, accumulated) = final(1), final(4)
+    assert loss == pytest.approx(plain_loss, abs=2e-4)
+    for a, b in zip(plain, accumulated, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
 def test_good_combinations_pass():
     for overrides in [
         {"mode": "mirrored", "cross_device_ops": "SpecAllReduce",
@@ -273,6 +342,8 @@ def test_good_combinations_pass():
         {"job_name": "chief", "task_index": 0,
          "cluster_spec": '{"chief": ["a:1"], "worker": ["b:1"]}'},
         {"cross_device_ops": "CollectiveAllReduce", "compression": "bf16"},
+        {"loop": "custom", "accumulation_steps": 4},
+        {"mode": "mirrored", "loop": "custom", "accumulation_steps": 2},
     ]:  # fmt: skip
         with flagsaver.flagsaver(**overrides):
             train_flags.check_flags(FLAGS.flag_values_dict())

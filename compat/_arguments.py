@@ -9,6 +9,7 @@ keyword, and hands TF 2's arguments to the class it is mixed into.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import tensorflow as tf
@@ -119,6 +120,37 @@ def renamed(
     return new_value
 
 
+def check_constructor(
+    name: str, init: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Raises unless `init` (a bound `__init__`) takes `args` and `kwargs`.
+
+    Args:
+        name: the class, for the message.
+
+    Raises:
+        TypeError: an unknown keyword, too many positional arguments or one
+            given twice; the message names it and the parameters `init`
+            takes.
+    """
+    signature = inspect.signature(init)
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        parameters = signature.parameters.values()
+        taken = ", ".join(p.name for p in parameters) or "no arguments"
+        unknown = [
+            f"{keyword}={value!r}"
+            for keyword, value in kwargs.items()
+            if keyword not in signature.parameters
+        ]
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            problem = f"unknown keyword {', '.join(unknown)}"
+        else:
+            problem = str(error)
+        raise TypeError(f"{name}: {problem}; it takes {taken}") from None
+
+
 class LegacyArguments:
     """Mixin for CrossDeviceOps: TF 1 and TF 2.2 arguments, and reduce ops.
 
@@ -127,7 +159,15 @@ class LegacyArguments:
     as in TF 2.2, and TF 2.4's `options=`, all reach the class's TF 2
     `reduce`. ONLY_FIRST_REPLICA copies the first replica's value to the
     destinations. Destinations None mean the value's own devices (TF 1).
+
+    The constructor takes the class's own arguments (TF 1's, for its
+    names); any other one is a TypeError naming it and those it takes.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        init = super().__init__
+        check_constructor(type(self).__name__, init, args, kwargs)
+        init(*args, **kwargs)
 
     def reduce(
         self,

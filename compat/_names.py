@@ -249,8 +249,11 @@ KEYWORD_METHODS: frozenset[str] = REDUCE_METHODS | {"broadcast", "all_reduce"}
 # has no counterpart for: the migration command leaves such a call as it is.
 STRATEGY_KEYWORDS_BY_HAND: dict[str, str] = {
     "num_gpus_per_worker": (
-        "several workers' GPUs are tf_crossdevice.MultiWorkerMirroredStrategy "
-        "(or tf.distribute.MultiWorkerMirroredStrategy) replicas"
+        "TF 1 replicated in-graph over every worker's GPUs once given a "
+        "cluster, which TF 2.21's MirroredStrategy refuses; run "
+        "tf_crossdevice.MultiWorkerMirroredStrategy (or "
+        "tf.distribute.MultiWorkerMirroredStrategy) on each worker, or pass "
+        "num_gpus= on one machine"
     ),
     "prefetch_on_device": (
         "strategy.experimental_distribute_dataset prefetches to the devices"
@@ -259,4 +262,52 @@ STRATEGY_KEYWORDS_BY_HAND: dict[str, str] = {
         "set tf.data.Options().experimental_distribute.auto_shard_policy "
         "on the dataset instead"
     ),
+}
+
+# The constructor parameters, in order, of the legacy CrossDeviceOps classes
+# the migration command renames (TF 1's cross_tower_ops and tf.compat.v1's):
+# the replacements take the same ones. A call with any other argument is
+# left as it is and reported (a fork's keyword would fail at run time).
+CONSTRUCTOR_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "CrossTowerOps": (),
+    "CrossDeviceOps": (),
+    "ReductionToOneDeviceCrossTowerOps": (
+        "reduce_to_device",
+        "accumulation_fn",
+    ),
+    "ReductionToOneDevice": ("reduce_to_device", "accumulation_fn"),
+    "AllReduceCrossTowerOps": (
+        "all_reduce_alg",
+        "num_packs",
+        "agg_small_grads_max_bytes",
+        "agg_small_grads_max_group",
+    ),
+    "MultiWorkerAllReduce": (
+        "worker_devices",
+        "num_gpus_per_worker",
+        "all_reduce_spec",
+        "num_packs",
+        "agg_small_grads_max_bytes",
+        "agg_small_grads_max_group",
+    ),
+    "CollectiveAllReduce": (
+        "num_workers",
+        "num_gpus_per_worker",
+        "all_reduce_merge_scope",
+        "collective_keys",
+    ),
+    "NcclAllReduce": ("num_packs",),
+    "HierarchicalCopyAllReduce": ("num_packs",),
+}
+
+# Modules TensorFlow 2.21 no longer has, with what to do instead: the
+# migration command reports each use (qualified name prefix -> why).
+_NO_ESTIMATOR = (
+    "tf.estimator was removed in TensorFlow 2.16; train with Keras "
+    "model.fit or a custom loop under the strategy"
+)
+REMOVED_MODULES: dict[str, str] = {
+    "tensorflow.estimator": _NO_ESTIMATOR,
+    "tensorflow.compat.v1.estimator": _NO_ESTIMATOR,
+    "tensorflow_estimator": _NO_ESTIMATOR,
 }

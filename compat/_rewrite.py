@@ -55,6 +55,7 @@ _CLUES = re.compile(
             "compat",
             "contrib",
             "VariableAggregation",
+            "estimator",
             *(
                 name.rpartition(".")[2]
                 for name in _names.TF_LEGACY_NAMES
@@ -228,6 +229,75 @@ def _gpu_devices(num_gpus: cst.BaseExpression) -> cst.BaseExpression:
     )
 
 
+# contrib MirroredStrategy's parameters the command converts: positional,
+# then keyword-only (TF 1.13's spelling of cross_tower_ops).
+_STRATEGY_PARAMETERS = (
+    ("devices", "num_gpus", "cross_tower_ops"),
+    ("cross_device_ops",),
+)
+
+
+def _strategy_problems(call: cst.Call) -> str | None:
+    """Why a contrib MirroredStrategy call cannot be converted, or None."""
+    bound, unbound = _bind(call, *_STRATEGY_PARAMETERS)
+    problems = []
+    for index in unbound:
+        arg = call.args[index]
+        keyword = arg.keyword.value if arg.keyword else None
+        if keyword in _names.STRATEGY_KEYWORDS_BY_HAND:
+            why = _names.STRATEGY_KEYWORDS_BY_HAND[keyword]
+            problems.append(f"{keyword}=: {why}")
+        else:
+            problems.append(
+                f"{_code(arg).rstrip(', ')}: not an argument of "
+                "MirroredStrategy(devices, num_gpus, cross_tower_ops)"
+            )
+    if "cross_tower_ops" in bound and "cross_device_ops" in bound:
+        problems.append("both cross_tower_ops= and cross_device_ops=")
+    given = [
+        name
+        for name in ("devices", "num_gpus")
+        if name in bound and not _is_none(call.args[bound[name]].value)
+    ]
+    if len(given) == 2:
+        problems.append("both devices and num_gpus")
+    return "; ".join(problems) or None
+
+
+def _constructor_problems(name: str, call: cst.Call) -> str | None:
+    """Why a call of legacy class `name` cannot be renamed, or None.
+
+    An argument TF's class did not take would fail at run time (a fork's
+    keyword, say). After a `*args` the positions are unknown: only the
+    keywords are checked.
+    """
+    parameters = _names.CONSTRUCTOR_PARAMETERS[name]
+    starred = any(arg.star == "*" for arg in call.args)
+    problems = []
+    positional = 0
+    seen: set[str] = set()
+    for arg in call.args:
+        if arg.star:
+            continue
+        if arg.keyword is None:
+            if not starred and positional < len(parameters):
+                seen.add(parameters[positional])
+            positional += 1
+            continue
+        keyword = arg.keyword.value
+        if keyword not in parameters:
+            problems.append(f"unknown keyword {keyword}= of {name}")
+        elif keyword in seen:
+            problems.append(f"{keyword}= given twice")
+        seen.add(keyword)
+    if not starred and positional > len(parameters):
+        problems.append(f"{positional} positional arguments to {name}")
+    if not problems:
+        return None
+    took = ", ".join(parameters) if parameters else "no arguments"
+    return f"{'; '.join(problems)}; TF 1 took {took}"
+
+
 @dataclasses.dataclass(frozen=True)
 class _Match:
     """A use of a legacy name, and where it was imported from."""
@@ -266,6 +336,8 @@ class _Upgrader(cst.CSTTransformer):
         # Original name accesses the new code no longer holds.
         self._consumed: set[cst.CSTNode] = set()
         self._imports: list[_Import] = []
+        # Calls left exactly as they were (see visit_Call).
+        self._untouched: set[cst.Call] = set()
         # Import statements the new code needs -> (name, module) they bind.
         self._needs: dict[str, tuple[str, str]] = {}
 
@@ -437,6 +509,7 @@ class _Upgrader(cst.CSTTransformer):
         match = self._match(original)
         if match is None:
             self._report_contrib(original)
+            self._report_removed(original)
             return updated
         self._matched.add(original)
         if match.legacy.name in _SPECIAL_CALLS and self._is_call_func(original):
@@ -481,11 +554,76 @@ class _Upgrader(cst.CSTTransformer):
             node, tf_name, "not a cross-device name; see tf_upgrade_v2"
         )
 
+    def _report_removed(self, node: cst.Name | cst.Attribute) -> None:
+        """Reports the outermost use of a module TensorFlow 2.21 lacks: the
+        whole call where the use is called, once for nested calls."""
+        parent = self.get_metadata(metadata.ParentNodeProvider, node, None)
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            return
+        why = self._removed(node)
+        if why is None:
+            return
+        what: cst.CSTNode = node
+        if isinstance(parent, cst.Call) and parent.func is node:
+            what = parent
+        ancestor = self.get_metadata(metadata.ParentNodeProvider, what, None)
+        while ancestor is not None:
+            if isinstance(ancestor, cst.Call) and self._removed(ancestor.func):
+                return  # Reported with the call that holds it.
+            ancestor = self.get_metadata(
+                metadata.ParentNodeProvider, ancestor, None
+            )
+        self._not_converted(node, _code(what), why)
+
+    def _removed(self, node: cst.CSTNode) -> str | None:
+        """Why the module `node` is in is gone, or None."""
+        name = self._qualified_name(node) or ""
+        for module, why in _names.REMOVED_MODULES.items():
+            if name == module or name.startswith(module + "."):
+                return why
+        return None
+
     # Calls.
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        """Leaves a call the command cannot convert exactly as it was.
+
+        Its arguments are not visited either: no half-converted call.
+        """
+        why = self._why_not_convertible(node)
+        if why is None:
+            return True
+        self._not_converted(node, _code(node), why)
+        self._untouched.add(node)
+        return False
+
+    def _why_not_convertible(self, call: cst.Call) -> str | None:
+        match = self._match(call.func)
+        if match is None:
+            return None
+        name = match.legacy.name
+        if name == "AllReduceSpecTuple":
+            bound, unbound = _bind(call, ("alg", "shards", "limit"))
+            if unbound or len(bound) != 3:
+                return (
+                    "expected AllReduceSpecTuple(alg, shards, limit); "
+                    f"{match.legacy.replacement}"
+                )
+        elif name == "choose_the_best":
+            bound, unbound = _bind(call, ("devices", "session_config"))
+            if unbound or "devices" not in bound:
+                return "expected choose_the_best(devices, session_config=None)"
+        elif name == "MirroredStrategy":
+            return _strategy_problems(call)
+        elif name in _names.CONSTRUCTOR_PARAMETERS:
+            return _constructor_problems(name, call)
+        return None
 
     def leave_Call(
         self, original_node: cst.Call, updated_node: cst.Call
     ) -> cst.BaseExpression:
+        if original_node in self._untouched:
+            return updated_node
         match = self._match(original_node.func)
         if match is not None and match.legacy.name in _SPECIAL_CALLS:
             if match.legacy.name == "AllReduceSpecTuple":
@@ -501,33 +639,11 @@ class _Upgrader(cst.CSTTransformer):
             return self._method_call(original_node, updated_node)
         return updated_node
 
-    def _call_not_converted(
-        self, original: cst.Call, updated: cst.Call, match: _Match, why: str
-    ) -> cst.Call:
-        """Leaves a special call as it is; contrib's path becomes compat's."""
-        if match.source == "contrib":
-            new = self._expression(
-                f"tf_crossdevice.compat.{match.legacy.name}", original
-            )
-            updated = updated.with_changes(
-                func=self._replace(original.func, updated.func, new)
-            )
-        self._not_converted(original, _code(updated), why)
-        return updated
-
     def _spec_tuple(
         self, original: cst.Call, updated: cst.Call, match: _Match
     ) -> cst.BaseExpression:
         params = ("alg", "shards", "limit")
-        bound, unbound = _bind(original, params)
-        if unbound or len(bound) != len(params):
-            return self._call_not_converted(
-                original,
-                updated,
-                match,
-                f"expected AllReduceSpecTuple(alg, shards, limit); "
-                f"{match.legacy.replacement}",
-            )
+        bound, _ = _bind(original, params)
         in_order = [bound[param] for param in params] == [0, 1, 2]
         elements = []
         for position, param in enumerate(params):
@@ -554,14 +670,7 @@ class _Upgrader(cst.CSTTransformer):
     def _choose_the_best(
         self, original: cst.Call, updated: cst.Call, match: _Match
     ) -> cst.BaseExpression:
-        bound, unbound = _bind(original, ("devices", "session_config"))
-        if unbound or "devices" not in bound:
-            return self._call_not_converted(
-                original,
-                updated,
-                match,
-                "expected choose_the_best(devices, session_config=None)",
-            )
+        bound, _ = _bind(original, ("devices", "session_config"))
         replacement = match.legacy.replacement
         new_func = self._replace(
             original.func,
@@ -583,36 +692,11 @@ class _Upgrader(cst.CSTTransformer):
     def _mirrored_strategy(
         self, original: cst.Call, updated: cst.Call, match: _Match
     ) -> cst.BaseExpression:
-        positional = ("devices", "num_gpus", "cross_tower_ops")
-        bound, unbound = _bind(original, positional, ("cross_device_ops",))
-        problems = []
-        for index in unbound:
-            arg = original.args[index]
-            keyword = arg.keyword.value if arg.keyword else None
-            if keyword in _names.STRATEGY_KEYWORDS_BY_HAND:
-                why = _names.STRATEGY_KEYWORDS_BY_HAND[keyword]
-                problems.append(f"{keyword}=: {why}")
-            else:
-                problems.append(
-                    f"{_code(arg).rstrip(', ')}: not an argument of "
-                    "MirroredStrategy(devices, num_gpus, cross_tower_ops)"
-                )
-        if "cross_tower_ops" in bound and "cross_device_ops" in bound:
-            problems.append("both cross_tower_ops= and cross_device_ops=")
+        bound, _ = _bind(original, *_STRATEGY_PARAMETERS)
         num_gpus = bound.get("num_gpus")
         from_num_gpus = num_gpus is not None and not _is_none(
             original.args[num_gpus].value
         )
-        devices = bound.get("devices")
-        keep_devices = devices is not None and not _is_none(
-            original.args[devices].value
-        )
-        if from_num_gpus and keep_devices:
-            problems.append("both devices and num_gpus")
-        if problems:
-            return self._call_not_converted(
-                original, updated, match, "; ".join(problems)
-            )
         new_func = self._replace(
             original.func,
             updated.func,

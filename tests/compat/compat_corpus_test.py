@@ -4,8 +4,8 @@ Each script in tests/compat/corpus/ prints its numbers as one JSON line. The
 runnable ones (2018 and TF 2.2 code whose one changed import reaches
 tf_crossdevice.compat) run as they are; a copy upgraded with --in_place runs
 too, and must print the same numbers, which numpy also computes. The
-contrib script cannot run before the upgrade; its upgraded copy must match
-numpy. Every script runs in its own process, all at once.
+contrib scripts cannot run before the upgrade; their upgraded copies must
+match numpy. Every script runs in its own process, all at once.
 """
 
 from __future__ import annotations
@@ -92,12 +92,27 @@ def expected_contrib():
     }
 
 
+def expected_field():
+    """Replica i holds (i + 1) x; one strategy on no GPU has one replica."""
+    x = np.array([1.0, 10.0])
+    return {
+        "nccl_sum": [10 * x] * 4,
+        "strategy_sum": 10 * x,
+        "one_device_mean": [2.5 * x],
+        "spec_sum": [10 * x],
+        "single_replicas": 1,
+    }
+
+
 RUNNABLE = {
     "mirrored_training.py": expected_training,
     "multi_worker_spec.py": expected_spec,
     "collective_hints.py": expected_hints,
 }
-CONTRIB_ONLY = {"contrib_cross_tower_ops.py": expected_contrib}
+CONTRIB_ONLY = {
+    "contrib_cross_tower_ops.py": expected_contrib,
+    "field_patterns.py": expected_field,
+}
 EXPECTED = {**RUNNABLE, **CONTRIB_ONLY}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import inspect
 import os
 import pathlib
 import subprocess
@@ -175,6 +176,62 @@ def test_legacy_classes_are_the_new_ones():
     assert issubclass(legacy("CrossTowerOps"), legacy("CrossDeviceOps"))
     assert legacy("CrossTowerOps") is not legacy("CrossDeviceOps")
     assert legacy("ReduceOp") is tf.distribute.ReduceOp
+
+
+NAMES = importlib.import_module("tf_crossdevice.compat._names")
+
+
+@pytest.mark.parametrize("name", sorted(NAMES.CONSTRUCTOR_PARAMETERS))
+def test_constructors_take_the_parameters_the_command_checks(name):
+    # The migration command renames a call only when it passes these, by
+    # position or keyword: the class under LegacyArguments (the new one)
+    # must take them in the same order.
+    mixin = importlib.import_module("tf_crossdevice.compat._arguments")
+    mro = legacy(name).__mro__
+    init = next(
+        base.__dict__["__init__"]
+        for base in mro[mro.index(mixin.LegacyArguments) + 1 :]
+        if "__init__" in base.__dict__
+    )
+    positional = [
+        parameter.name
+        for parameter in inspect.signature(init).parameters.values()
+        if parameter.kind is parameter.POSITIONAL_OR_KEYWORD
+    ]
+    assert tuple(positional[1:]) == NAMES.CONSTRUCTOR_PARAMETERS[name]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda c: c.AllReduceCrossTowerOps(
+                "xring", num_packs=2, my_fork_option=True
+            ),
+            r"^AllReduceCrossTowerOps: unknown keyword my_fork_option=True; "
+            r"it takes all_reduce_alg, num_packs, agg_small_grads_max_bytes, "
+            r"agg_small_grads_max_group$",
+        ),
+        (
+            lambda c: c.AllReduceCrossTowerOps("xring", 1, 0, 10, 5),
+            r"^AllReduceCrossTowerOps: too many positional arguments; it "
+            r"takes all_reduce_alg, ",
+        ),
+        (
+            lambda c: c.NcclAllReduce(2, num_packs=3),
+            r"^NcclAllReduce: multiple values for argument 'num_packs'; it "
+            r"takes num_packs$",
+        ),
+        (
+            lambda c: c.CrossTowerOps(fork=1),
+            r"^CrossTowerOps: unknown keyword fork=1; it takes no arguments$",
+        ),
+    ],
+    ids=["unknown_keyword", "too_many", "twice", "base_class"],
+)
+def test_constructor_errors_name_the_argument_and_the_parameters(call, match):
+    with pytest.raises(TypeError, match=match):
+        call(compat())
 
 
 def test_compat_doctests():

@@ -630,8 +630,158 @@ def test_strategy_keywords_without_a_counterpart_are_reported():
     assert lines[0].startswith(
         "m.py:3: not converted: compat.MirroredStrategy(num_gpus=2, "
     )
-    assert "num_gpus_per_worker=: several workers' GPUs" in lines[0]
+    assert "num_gpus_per_worker=: TF 1 replicated in-graph" in lines[0]
     assert "auto_shard_dataset=: set tf.data.Options()" in lines[0]
+
+
+# Code from the field: what the command converts, and what it leaves
+# exactly as it was.
+FIELD = code(
+    """
+    import tensorflow as tf
+    from tensorflow.contrib.distribute.python import cross_tower_ops as cross_tower_ops_lib
+
+    ops = cross_tower_ops_lib.AllReduceCrossTowerOps('nccl', 16, 0, 0)
+    fork = cross_tower_ops_lib.AllReduceCrossTowerOps('xring', num_packs=2, my_fork_option=True)
+    strategy = tf.contrib.distribute.MirroredStrategy(num_gpus=2, cross_tower_ops=ops)
+    config = tf.estimator.RunConfig(train_distribute=strategy)
+    mw = tf.contrib.distribute.MirroredStrategy(
+        num_gpus_per_worker=2,
+        cross_device_ops=tf.contrib.distribute.MultiWorkerAllReduce(["/job:worker/task:0"], 2))
+    """  # noqa: E501 (the field's lines, as they were)
+)
+ALL_REDUCE_PARAMETERS = (
+    "TF 1 took all_reduce_alg, num_packs, agg_small_grads_max_bytes, "
+    "agg_small_grads_max_group"
+)
+NO_ESTIMATOR = (
+    "tf.estimator was removed in TensorFlow 2.16; train with Keras "
+    "model.fit or a custom loop under the strategy"
+)
+
+
+def test_field_code_report():
+    result = upgrade.upgrade_code(FIELD)
+    assert [f.report_line("train.py") for f in result.findings] == [
+        "train.py:2: changed (no import) -> import tf_crossdevice",
+        "train.py:4: changed cross_tower_ops_lib.AllReduceCrossTowerOps -> "
+        "tf_crossdevice.AllReduceCrossDeviceOps",
+        "train.py:5: not converted: cross_tower_ops_lib."
+        "AllReduceCrossTowerOps('xring', num_packs=2, my_fork_opti... "
+        "(unknown keyword my_fork_option= of AllReduceCrossTowerOps; "
+        f"{ALL_REDUCE_PARAMETERS})",
+        "train.py:6: changed tf.contrib.distribute.MirroredStrategy -> "
+        "tf.distribute.MirroredStrategy",
+        'train.py:6: changed num_gpus=2 -> devices=["/gpu:0", "/gpu:1"]',
+        "train.py:6: changed cross_tower_ops= -> cross_device_ops=",
+        "train.py:7: not converted: tf.estimator.RunConfig("
+        f"train_distribute=strategy) ({NO_ESTIMATOR})",
+        "train.py:8: not converted: tf.contrib.distribute.MirroredStrategy("
+        "num_gpus_per_worker=2, cross_device_op... (num_gpus_per_worker=: "
+        "TF 1 replicated in-graph over every worker's GPUs once given a "
+        "cluster, which TF 2.21's MirroredStrategy refuses; run "
+        "tf_crossdevice.MultiWorkerMirroredStrategy (or "
+        "tf.distribute.MultiWorkerMirroredStrategy) on each worker, or pass "
+        "num_gpus= on one machine)",
+    ]
+
+
+def test_field_code_unconverted_calls_stay_byte_for_byte():
+    old = FIELD.splitlines(keepends=True)
+    new = upgrade.upgrade_code(FIELD).code.splitlines(keepends=True)
+    # One import added after line 2; the legacy import stays: the fork's
+    # call and the multi-worker strategy still use it.
+    assert new[:2] == old[:2]
+    assert new[2] == "import tf_crossdevice\n"
+    assert (
+        new[3:]
+        == [
+            old[2],
+            "ops = tf_crossdevice.AllReduceCrossDeviceOps('nccl', 16, 0, 0)\n",
+            old[4],  # The fork's keyword.
+            "strategy = tf.distribute.MirroredStrategy("
+            'devices=["/gpu:0", "/gpu:1"], cross_device_ops=ops)\n',
+            *old[6:],  # tf.estimator; the multi-worker strategy, arguments too.
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "why"),
+    [
+        (
+            'compat.AllReduceCrossTowerOps("xring", fork=1)',
+            f"unknown keyword fork= of AllReduceCrossTowerOps; "
+            f"{ALL_REDUCE_PARAMETERS}",
+        ),
+        (
+            "ctl.AllReduceCrossTowerOps(*args, fork=1)",
+            f"unknown keyword fork= of AllReduceCrossTowerOps; "
+            f"{ALL_REDUCE_PARAMETERS}",
+        ),
+        (
+            'ctl.AllReduceCrossTowerOps("xring", all_reduce_alg="nccl")',
+            f"all_reduce_alg= given twice; {ALL_REDUCE_PARAMETERS}",
+        ),
+        (
+            "ctl.MultiWorkerAllReduce(workers, 2, spec, 0, 0, 10, 3)",
+            "7 positional arguments to MultiWorkerAllReduce; TF 1 took "
+            "worker_devices, num_gpus_per_worker, all_reduce_spec, num_packs, "
+            "agg_small_grads_max_bytes, agg_small_grads_max_group",
+        ),
+        (
+            "ctl.CrossTowerOps(x)",
+            "1 positional arguments to CrossTowerOps; TF 1 took no arguments",
+        ),
+    ],
+    ids=["compat_keyword", "after_star", "twice", "too_many", "base_class"],
+)
+def test_constructor_calls_tf1_could_not_run_stay_as_they_were(call, why):
+    if call.startswith("compat."):
+        imports = "from tf_crossdevice import compat"
+    else:
+        imports = "from tensorflow.contrib.distribute.python import " + (
+            "cross_tower_ops as ctl"
+        )
+    source = f"{imports}\n\nops = {call}\n"
+    assert rewritten(source) == source
+    assert report(source) == [f"m.py:3: not converted: {call} ({why})"]
+
+
+def test_constructor_calls_with_star_arguments_are_renamed():
+    source = """
+        from tensorflow.contrib.distribute.python import cross_tower_ops as ctl
+
+        ops = ctl.AllReduceCrossTowerOps(*args, **kwargs)
+        """
+    assert rewritten(source) == code(
+        """
+        import tf_crossdevice
+
+        ops = tf_crossdevice.AllReduceCrossDeviceOps(*args, **kwargs)
+        """
+    )
+
+
+def test_estimator_uses_are_reported_once_per_outermost_call():
+    source = """
+        import tensorflow as tf
+        from tensorflow import estimator as est
+
+        est.Estimator(fn, config=est.RunConfig(
+            train_distribute=tf.contrib.distribute.MirroredStrategy(num_gpus=0)))
+        base = tf.compat.v1.estimator.Estimator
+        """
+    assert report(source) == [
+        "m.py:4: not converted: est.Estimator(fn, config=est.RunConfig("
+        "train_distribute=tf.contrib.distribute... "
+        f"({NO_ESTIMATOR})",
+        "m.py:5: changed tf.contrib.distribute.MirroredStrategy -> "
+        "tf.distribute.MirroredStrategy",
+        'm.py:5: changed num_gpus=0 -> devices=["/cpu:0"]',
+        f"m.py:6: not converted: tf.compat.v1.estimator.Estimator "
+        f"({NO_ESTIMATOR})",
+    ]
 
 
 def test_reported_not_reductions_and_renamed_keyword_clash():

@@ -33,6 +33,7 @@ PUBLIC_API = {
         "autotune",
         "cost_model",
         "enable_collectives",
+        "reporting_unreachable_peers",
         "select_cross_device_ops",
         "testing",
         "wait_for_peers",
@@ -80,6 +81,7 @@ PUBLIC_API = {
         "HierarchicalCollectiveAllReduce",
         "MultiWorkerMirroredStrategy",
         "enable_collectives",
+        "reporting_unreachable_peers",
         "wait_for_peers",
     ],
     "tf_crossdevice.compat": [

@@ -28,6 +28,9 @@ from tf_crossdevice.collective import (  # noqa: E402
 )
 from tf_crossdevice.collective import MultiWorkerMirroredStrategy  # noqa: E402
 from tf_crossdevice.collective import enable_collectives  # noqa: E402
+from tf_crossdevice.collective import (  # noqa: E402
+    reporting_unreachable_peers,
+)
 from tf_crossdevice.collective import wait_for_peers  # noqa: E402
 from tf_crossdevice.ops import AllReduceCrossDeviceOps  # noqa: E402
 from tf_crossdevice.ops import HierarchicalCopyAllReduce  # noqa: E402
@@ -55,6 +58,7 @@ __all__ = [
     "autotune",
     "cost_model",
     "enable_collectives",
+    "reporting_unreachable_peers",
     "select_cross_device_ops",
     "testing",
     "wait_for_peers",

@@ -290,7 +290,6 @@ def test_accumulation_steps_is_at_least_1():
         FLAGS["accumulation_steps"].parse("0")
 
 
-@pytest.mark.slow
 def test_accumulating_custom_loop_trains_as_the_plain_one(
     tmp_path, monkeypatch
 ):

@@ -28,6 +28,8 @@ Linux, with `ip` and `tc`.
         child = processes.Child(hosts.command(0, [sys.executable, "w.py"]))
         ...
         sent, received = hosts.link_bytes()[0]
+        hosts.cut(1)  # Host 1 is off the network...
+        hosts.restore(1)  # ...and back.
 
 On the command line, the launcher runs a job's workers one per emulated
 host and removes the hosts after:
@@ -222,6 +224,44 @@ class EmulatedHosts:
         # namespace's own /sys, which has no cgroup folders.
         join = f'echo $$ > "{host.cgroup}/cgroup.procs" && exec "$@"'
         return ["sh", "-c", join, "sh", *enter]
+
+    def cut(self, index: int) -> None:
+        """Cuts host `index` off the network until `restore(index)`.
+
+        Sets the bridge's end of its link down: the bridge stops
+        forwarding to and from that port, and the host's own end loses its
+        carrier, so nothing crosses in either direction (the tests check
+        both). Nothing is closed or reset: open connections see silence,
+        not an error, and TCP retransmits, as when a cable is pulled or a
+        switch port fails. Processes on the host keep running. Cutting a
+        cut host does nothing.
+
+        Raises:
+            ValueError: `index` is not a host's index.
+            RuntimeError: `ip` failed (the message names the command).
+        """
+        _ip("link", "set", self._host(index, "index").link, "down")
+
+    def restore(self, index: int) -> None:
+        """Reconnects host `index` after `cut(index)`; its shaping and
+        address are unchanged. Connections still open carry on once TCP
+        retransmits (within a few seconds of a short cut). Restoring a
+        connected host does nothing.
+
+        Raises:
+            ValueError: `index` is not a host's index.
+            RuntimeError: `ip` failed (the message names the command).
+        """
+        _ip("link", "set", self._host(index, "index").link, "up")
+
+    def _host(self, index: int, argument: str) -> Host:
+        index = checks.integer(index, argument, minimum=0)
+        if index >= len(self.hosts):
+            raise ValueError(
+                f"{argument}: expected a host index below "
+                f"{len(self.hosts)}, got {index}"
+            )
+        return self.hosts[index]
 
     def link_bytes(self) -> list[LinkBytes]:
         """Per host: bytes sent and received since the hosts were built."""

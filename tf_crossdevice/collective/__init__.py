@@ -3,7 +3,8 @@
 `_runtime` turns collectives on between processes; `_group` is one
 collective group and the ops its members launch; `_base` what the two
 classes share; `_all_reduce` CollectiveAllReduce; `_hierarchical`
-HierarchicalCollectiveAllReduce; `_strategy` MultiWorkerMirroredStrategy.
+HierarchicalCollectiveAllReduce; `_strategy` MultiWorkerMirroredStrategy;
+`_peers` names the peers a failed collective cannot reach.
 
 May import: `_core`, `compression`, `packing`, `algorithms`, `ops`.
 """
@@ -12,6 +13,7 @@ from tf_crossdevice.collective._all_reduce import CollectiveAllReduce
 from tf_crossdevice.collective._hierarchical import (
     HierarchicalCollectiveAllReduce,
 )
+from tf_crossdevice.collective._peers import reporting_unreachable_peers
 from tf_crossdevice.collective._runtime import (
     CollectiveCluster,
     enable_collectives,
@@ -25,5 +27,6 @@ __all__ = [
     "HierarchicalCollectiveAllReduce",
     "MultiWorkerMirroredStrategy",
     "enable_collectives",
+    "reporting_unreachable_peers",
     "wait_for_peers",
 ]

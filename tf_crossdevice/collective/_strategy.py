@@ -26,7 +26,12 @@ worker, datasets are sharded between workers, `model.fit` and
 - variables' initial values are broadcast from the chief with the same
   timeout;
 - `strategy.reduce` takes `options=` (TF 2.2's CollectiveHints call), and
-  reduces nested structures, as Keras 3 calls it.
+  reduces nested structures, as Keras 3 calls it;
+- a collective that fails because a peer is cut off names the peer tasks
+  that cannot be reached and their addresses: by itself in an eager
+  `strategy.reduce`, and in a step the user calls inside
+  `with tf_crossdevice.reporting_unreachable_peers(strategy):` (the step's
+  error surfaces in the user's call, out of the strategy's reach).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from tf_crossdevice.collective import _runtime as collective_runtime
 from tf_crossdevice.collective._all_reduce import CollectiveAllReduce
 from tf_crossdevice.collective._base import CollectiveOpsBase
 from tf_crossdevice.collective._group import Group, Options
+from tf_crossdevice.collective._peers import reporting_unreachable_peers
 from tf_crossdevice.ops import _base
 
 _Strategy, _TFExtended = tf_internal.multi_worker_strategy_parts()
@@ -120,6 +126,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         if timeout is not None:
             timeout = max(timeout - (time.monotonic() - start), 1e-3)
         collective_runtime.wait_for_peers(cluster, timeout)
+        self._collective_cluster = cluster
         devices = _local_devices(local_devices, cluster, cross_device_ops)
         ops = cross_device_ops._bound_to(devices, cluster.num_workers, options)
         host = CollectiveAllReduce(collective_keys=ops._keys)._bound_to(
@@ -138,7 +145,9 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         """`tf.distribute.Strategy.reduce`, with `options` for this call.
 
         Nested structures are reduced element by element, and `axis` is
-        ignored for scalars (Keras 3 asks for both).
+        ignored for scalars (Keras 3 asks for both). Called eagerly, a
+        collective that fails because a peer cannot be reached names it (see
+        `tf_crossdevice.reporting_unreachable_peers`).
         """
         _base.check_options(options)
         if tf.nest.is_nested(value):
@@ -150,7 +159,12 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             for t in self.experimental_local_results(value)
         ):
             axis = None
-        with self.extended._options_for_call(options):
+        reporting = (
+            reporting_unreachable_peers(self._collective_cluster)
+            if tf.executing_eagerly()
+            else contextlib.nullcontext()
+        )
+        with reporting, self.extended._options_for_call(options):
             return super().reduce(reduce_op, value, axis)
 
 

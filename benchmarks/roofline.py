@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tf_crossdevice import compression
 from tf_crossdevice.cluster import hosts as hosts_lib
 from tf_crossdevice.cluster import processes as _processes
 
@@ -183,6 +184,10 @@ _SHUFFLE = re.compile(
     r"ours MultiWorkerAllReduce (?:pscpu|\('pscpu/pscpu', (\d+), -1\))(?: |$)"
 )
 _HALF = ("compression=bf16", "compression=fp16", "in bfloat16")
+_COLLECTIVES = (
+    "ours CollectiveAllReduce",
+    "ours HierarchicalCollectiveAllReduce",
+)
 
 
 def bytes_sent_model(
@@ -196,6 +201,9 @@ def bytes_sent_model(
       2(p-1)/p*S per host. Our flat collective with k > 1 local devices is
       one ring over p*k replicas, a worker's k in a row: each host sends
       what one replica of that ring sends, 2(pk-1)/(pk)*S.
+    - our collectives with 16-bit compression: an all-gather of p
+      half-size messages, (p-1)*S/2, where that is fewer bytes than the
+      ring (p <= 3); else the uncompressed ring.
     - the shuffle (pscpu, `shards` shards, shard j summed on worker j mod
       p, each a `shards`-th of S): host i sends its shards to their owners
       and the sums of the shards it owns to every other host,
@@ -214,11 +222,27 @@ def bytes_sent_model(
     [50.0, 50.0]
     >>> bytes_sent_model("ours CollectiveAllReduce", 100, 2, 2)
     [150.0, 150.0]
+    >>> bytes_sent_model("ours CollectiveAllReduce compression=bf16", 100, 3)
+    [100.0, 100.0, 100.0]
+    >>> bytes_sent_model("ours CollectiveAllReduce compression=bf16", 100, 4)
+    [150.0, 150.0, 150.0, 150.0]
     >>> bytes_sent_model("ours MultiWorkerAllReduce rechd", 100, 2) is None
     True
     """
     p, s = num_hosts, float(num_bytes)
-    if any(word in name for word in _HALF):
+    compressed = any(word in name for word in _HALF)
+    if compressed and name.startswith(_COLLECTIVES):
+        # Between workers, a group of p members all-gathers 16-bit messages
+        # where that moves fewer bytes than the ring, (p-1)*S/2 for p <= 3;
+        # larger groups reduce uncompressed (see
+        # tf_crossdevice.compression.gather_compression_pays).
+        flat = name.startswith("ours CollectiveAllReduce")
+        if flat and local_devices > 1:
+            return None  # The gather spans workers' local devices too.
+        if compression.gather_compression_pays(p):
+            return [(p - 1) * s / 2] * p
+        return [ring_bytes_per_worker(s, p)] * p
+    if compressed:
         s /= 2
     if name.startswith(_RING_LIKE) or (
         name.startswith("ours CollectiveAllReduce") and local_devices == 1

@@ -137,7 +137,18 @@ def test_link_counter_divides_each_entrys_bytes_by_its_calls():
     [
         ("TF MWMS default", 2, 1, [S, S]),
         ("TF MWMS RING", 4, 1, [1.5 * S] * 4),
-        ("ours CollectiveAllReduce compression=bf16", 3, 1, [S * 2 / 3] * 3),
+        # An all-gather of 16-bit halves: (p-1)*S/2 per host where that is
+        # fewer bytes than the ring (p <= 3); at 4 the uncompressed ring.
+        ("ours CollectiveAllReduce compression=bf16", 3, 1, [S] * 3),
+        ("ours CollectiveAllReduce compression=bf16", 2, 1, [S / 2] * 2),
+        ("ours CollectiveAllReduce compression=fp16", 4, 1, [1.5 * S] * 4),
+        (
+            "ours HierarchicalCollectiveAllReduce compression=bf16",
+            2,
+            2,
+            [S / 2] * 2,
+        ),
+        ("ours CollectiveAllReduce compression=bf16", 2, 2, None),
         ("ours HierarchicalCollectiveAllReduce", 2, 2, [S, S]),
         # One ring over 4 replicas, 2 on each host: 2 * 3/4 * S per host.
         ("ours CollectiveAllReduce", 2, 2, [1.5 * S, 1.5 * S]),

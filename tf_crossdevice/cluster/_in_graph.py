@@ -37,7 +37,6 @@ error the client's TensorFlow context is unusable: restart the client.
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,6 +45,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice._core import checks, tf_internal
+from tf_crossdevice._core.network import port_answers
 
 # These search TensorFlow's error text for the tasks it names; parsing a
 # device argument is `tf_crossdevice._core.devices`'s job.
@@ -217,7 +217,7 @@ class WorkerReplicas:
         ]
 
     def _dead_workers(self) -> list[str]:
-        dead = [t for t, a in enumerate(self._addresses) if not _answers(a)]
+        dead = [t for t, a in enumerate(self._addresses) if not port_answers(a)]
         return self._describe(dead)
 
     def _explain(self, error: Exception, elapsed: float) -> Exception:
@@ -226,7 +226,7 @@ class WorkerReplicas:
             self._tasks_in(_WORKER_RE, text)
             | {t for t, a in enumerate(self._addresses) if a in text}
         )
-        dead = [t for t, a in enumerate(self._addresses) if not _answers(a)]
+        dead = [t for t, a in enumerate(self._addresses) if not port_answers(a)]
         if not dead and not isinstance(error, tf.errors.UnavailableError):
             return error  # A healthy worker's op failed: TF's error says why.
         culprits = sorted(set(dead) or named)
@@ -271,12 +271,3 @@ class WorkerReplicas:
                 "start each worker with enough logical devices (e.g. "
                 "tf_crossdevice.cluster cpus_per_worker)"
             )
-
-
-def _answers(address: str, timeout: float = 1.0) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False

@@ -33,7 +33,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +44,7 @@ from absl import flags, logging
 
 from tf_crossdevice._core import checks
 from tf_crossdevice._core import devices as devices_lib
+from tf_crossdevice._core.network import port_answers
 from tf_crossdevice.cluster import _worker_main
 from tf_crossdevice.cluster import hosts as _hosts
 from tf_crossdevice.cluster import processes as _processes
@@ -417,11 +417,7 @@ def _check_worker(w: _Worker) -> None:
             f"ready; stderr tail:\n{w.stderr_tail()}"
         ) from None
     if w.devices is not None and not w.accepting:
-        try:
-            with socket.create_connection((w.host, w.port), timeout=1.0):
-                w.accepting = True
-        except OSError:
-            pass
+        w.accepting = port_answers(w.address)
 
 
 def _define_flags() -> None:

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
 
 from tf_crossdevice._core import checks
+from tf_crossdevice._core.network import port_answers
 from tf_crossdevice.collective import _runtime
 from tf_crossdevice.collective._runtime import CollectiveCluster
 
@@ -119,7 +119,7 @@ def _with_unreachable_peers(
     ) as pool:
         answers = list(
             pool.map(
-                lambda t: _answers(cluster.address(t), probe_seconds), peers
+                lambda t: port_answers(cluster.address(t), probe_seconds), peers
             )
         )
     named = [f"{t} ({cluster.address(t)})" for t in peers]
@@ -144,14 +144,3 @@ def _with_unreachable_peers(
     )
     reported._tf_crossdevice_peers_reported = True  # type: ignore[attr-defined]
     return reported
-
-
-def _answers(address: str, timeout: float) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection(
-            (host.strip("[]"), int(port)), timeout=timeout
-        ):
-            return True
-    except (OSError, ValueError):
-        return False

@@ -56,6 +56,7 @@ from typing import Any
 import psutil
 
 from tf_crossdevice._core import checks
+from tf_crossdevice.cluster import processes as _processes
 
 __all__ = [
     "EmulatedHosts",
@@ -151,7 +152,7 @@ class EmulatedHosts:
             raise ValueError(
                 f"num_hosts: at most 253 (one /24 network), got {num_hosts}"
             )
-        self.rate_bits = parse_rate(link_rate)
+        parse_rate(link_rate)  # Checked here, before anything is built.
         self.link_rate = link_rate
         self.num_hosts = num_hosts
         self.cpu_share = bool(cpu_share)
@@ -240,7 +241,7 @@ class EmulatedHosts:
             ValueError: `index` is not a host's index.
             RuntimeError: `ip` failed (the message names the command).
         """
-        _ip("link", "set", self._host(index, "index").link, "down")
+        _ip("link", "set", self._host(index).link, "down")
 
     def restore(self, index: int) -> None:
         """Reconnects host `index` after `cut(index)`; its shaping and
@@ -252,13 +253,13 @@ class EmulatedHosts:
             ValueError: `index` is not a host's index.
             RuntimeError: `ip` failed (the message names the command).
         """
-        _ip("link", "set", self._host(index, "index").link, "up")
+        _ip("link", "set", self._host(index).link, "up")
 
-    def _host(self, index: int, argument: str) -> Host:
-        index = checks.integer(index, argument, minimum=0)
+    def _host(self, index: int) -> Host:
+        index = checks.integer(index, "index", minimum=0)
         if index >= len(self.hosts):
             raise ValueError(
-                f"{argument}: expected a host index below "
+                f"index: expected a host index below "
                 f"{len(self.hosts)}, got {index}"
             )
         return self.hosts[index]
@@ -319,14 +320,8 @@ def check_supported() -> None:
 def remove_stale() -> list[str]:
     """Removes hosts, bridges and cgroups whose building process is gone;
     returns their names."""
-    names = set(_run(["ip", "netns", "list"], check=False).split())
-    links = re.findall(rf"\d+: ({_PREFIX}\d+[a-z0-9]*)[@:]", _run(
-        ["ip", "-o", "link", "show"], check=False))  # fmt: skip
-    names |= set(links)
-    if _CGROUP_CPU.is_dir():
-        names |= {p.name for p in _CGROUP_CPU.glob(f"{_PREFIX}*")}
     removed = []
-    for name in sorted(names):
+    for name in sorted({name for _, name in _made(rf"{_PREFIX}\d+")}):
         match = re.match(rf"{_PREFIX}(\d+)", name)
         if match is None or psutil.pid_exists(int(match[1])):
             continue
@@ -344,22 +339,32 @@ def leftovers(pid: int | None = None) -> list[str]:
     """What emulated hosts made by process `pid` (default: any) still
     exists: 'netns NAME', 'link NAME' and 'cgroup PATH' entries."""
     tag = f"{_PREFIX}{pid}" if pid is not None else rf"{_PREFIX}\d+"
+    return sorted(
+        f"cgroup {_CGROUP_CPU / name}" if kind == "cgroup" else f"{kind} {name}"
+        for kind, name in _made(tag)
+    )
+
+
+def _made(tag: str) -> list[tuple[str, str]]:
+    """(kind, name) of each namespace, link and CPU cgroup here whose name
+    starts with the regular expression `tag` (a builder's prefix)."""
+    mine = re.compile(rf"{tag}\D")
     found = [
-        f"netns {n}"
+        ("netns", n)
         for n in _run(["ip", "netns", "list"], check=False).split()
-        if re.match(rf"{tag}\D", n)
+        if mine.match(n)
     ]
     links = _run(["ip", "-o", "link", "show"], check=False)
     found += [
-        f"link {n}" for n in re.findall(rf"\d+: ({tag}\D[a-z0-9]*)[@:]", links)
+        ("link", n) for n in re.findall(rf"\d+: ({tag}\D[a-z0-9]*)[@:]", links)
     ]
     if _CGROUP_CPU.is_dir():
         found += [
-            f"cgroup {p}"
+            ("cgroup", p.name)
             for p in _CGROUP_CPU.glob(f"{_PREFIX}*")
-            if re.match(rf"{tag}\D", p.name)
+            if mine.match(p.name)
         ]
-    return sorted(found)
+    return found
 
 
 def _remove_host(
@@ -400,16 +405,10 @@ def _process(pid: str) -> psutil.Process | None:
 
 def _wait_gone(processes: list[psutil.Process], timeout: float) -> None:
     """Waits until each process has exited, without reaping it (a child's
-    parent, maybe a `subprocess.Popen`, reads its status; psutil's
-    wait_procs would take it)."""
+    parent, maybe a `subprocess.Popen`, reads its status)."""
     deadline = time.monotonic() + timeout
     for process in processes:
-        while time.monotonic() < deadline:
-            try:
-                if process.status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
+        while time.monotonic() < deadline and _processes._is_alive(process):
             time.sleep(0.02)
 
 

@@ -100,14 +100,17 @@ class Group:
         return self._tokens[device].handle
 
     def _common(
-        self, index: int, options: Options, ordered: bool = True
+        self,
+        index: int,
+        options: Options,
+        ordered: bool = True,
+        call_time_key: bool = True,
     ) -> dict[str, Any]:
         device = self.devices[index]
         common = {
             "group_size": self.size,
             "group_key": self.key,
-            # Unordered ops are the initial-value broadcasts, which run once.
-            "instance_key": self._instance_key(device, call_time=ordered),
+            "instance_key": self._instance_key(device, call_time_key),
             "communication_hint": hint(options, device),
             "timeout": options.timeout_seconds or 0,
         }
@@ -128,7 +131,9 @@ class Group:
         where a value captured at call time would never be fed.
         """
         ops = tf_internal.collective_ops()
-        common = self._common(index, options, ordered=False)
+        common = self._common(
+            index, options, ordered=False, call_time_key=False
+        )
         with tf.device(self.devices[index]):
             if send:
                 sent = ops.broadcast_send_v2(value, **common)

@@ -99,6 +99,10 @@ def _cluster_of(strategy_or_cluster: Any) -> CollectiveCluster:
         enabled = _runtime.enabled_cluster()
         return enabled or CollectiveCluster(None, "worker", 0, 1)
     if isinstance(strategy_or_cluster, tf.distribute.Strategy):
+        # Ours describes its cluster once, when it is built.
+        known = getattr(strategy_or_cluster, "_collective_cluster", None)
+        if known is not None:
+            return known
         resolver = getattr(strategy_or_cluster, "cluster_resolver", None)
         if resolver is None:  # A single-process strategy: no peers.
             return CollectiveCluster(None, "worker", 0, 1)

@@ -160,7 +160,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         ):
             axis = None
         reporting = (
-            reporting_unreachable_peers(self._collective_cluster)
+            reporting_unreachable_peers(self)
             if tf.executing_eagerly()
             else contextlib.nullcontext()
         )
@@ -231,21 +231,17 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
                 and first.graph is tf.compat.v1.get_default_graph()
             ):
                 return lambda: _copy_to(first, device)
-            return super()._get_variable_creator_initial_value(
-                replica_id=replica_id,
-                device=device,
-                primary_var=primary_var,
-                **kwargs,
-            )
-        if self._num_workers == 1:
+        if replica_id == 0 and self._num_workers > 1:
+            make = self._broadcast_initial_value(device, **kwargs)
+        else:
             make = super()._get_variable_creator_initial_value(
                 replica_id=replica_id,
                 device=device,
                 primary_var=primary_var,
                 **kwargs,
             )
-        else:
-            make = self._broadcast_initial_value(device, **kwargs)
+        if replica_id != 0:
+            return make
 
         def initial_value_fn() -> Any:
             value = make() if callable(make) else make

@@ -244,9 +244,7 @@ def bytes_sent_model(
         return [ring_bytes_per_worker(s, p)] * p
     if compressed:
         s /= 2
-    if name.startswith(_RING_LIKE) or (
-        name.startswith("ours CollectiveAllReduce") and local_devices == 1
-    ):
+    if name.startswith(_RING_LIKE):
         return [ring_bytes_per_worker(s, p)] * p
     if name.startswith("ours CollectiveAllReduce"):
         replicas = p * local_devices

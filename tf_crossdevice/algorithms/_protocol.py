@@ -37,7 +37,6 @@ import tensorflow as tf
 
 from tf_crossdevice._core import checks as _checks
 from tf_crossdevice.algorithms import _flat
-from tf_crossdevice.packing import _packed_all_reduce
 
 AllReduceBuilder: TypeAlias = Callable[
     [Sequence[tf.Tensor], int], list[tf.Tensor]
@@ -47,11 +46,10 @@ AllReduceBuilder: TypeAlias = Callable[
 BuilderFactory: TypeAlias = Callable[[int], AllReduceBuilder]
 """shards -> the builder; registered under an algorithm name."""
 
-# (values[k][d], index of each value) -> sums[k][d], defined with packing
-# (which calls it). A builder may carry one as its `all_reduce_batch`
-# attribute: it reduces a whole batch with a graph whose size does not grow
-# with the number of values times devices times steps (`all_reduce_batch`).
-BatchAllReduce = _packed_all_reduce.BatchAllReduce
+# A builder may carry a `packing._packed_all_reduce.BatchAllReduce` as its
+# `all_reduce_batch` attribute: it reduces a whole batch with a graph whose
+# size does not grow with the number of values times devices times steps
+# (`all_reduce_batch`).
 
 
 def all_reduce_batch(

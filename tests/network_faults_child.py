@@ -1,15 +1,18 @@
 """A worker of the network-fault tests (started by them, not pytest).
 
-    python -m tests.network_faults_child TIMEOUT_SECONDS
+    python -m tests.network_faults_child TIMEOUT_SECONDS \
+        [STALL_WARNING_SECONDS [SIZE]]
 
 reads its cluster from `TF_CONFIG`, builds tf_crossdevice's
 MultiWorkerMirroredStrategy with `tf_crossdevice.CollectiveAllReduce` and
-`timeout_seconds=TIMEOUT_SECONDS`, and all-reduces `value(task)` step after
-step, each step called inside
-`tf_crossdevice.reporting_unreachable_peers(strategy)`. After every step it
-replies {"steps": n, "time": time.time(), "sum": base64 float32 bytes};
-when a step fails, {"error": its type, "message": ..., "time": ...}, and
-exits with status 2. The test computes the sums with numpy from `value`.
+`timeout_seconds=TIMEOUT_SECONDS`, and all-reduces `value(task, SIZE)` step
+after step, each step called inside
+`tf_crossdevice.reporting_unreachable_peers(strategy,
+stall_warning_seconds=STALL_WARNING_SECONDS)` (default: its own). After
+every step it replies {"steps": n, "time": time.time(), "sum": base64
+float32 bytes}; when a step fails, {"error": its type, "message": ...,
+"time": ...}, and exits with status 2. The test computes the sums with
+numpy from `value`.
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ SIZE = 4096
 PAUSE_SECONDS = 0.05
 
 
-def value(task: int) -> np.ndarray:
+def value(task: int, size: int = SIZE) -> np.ndarray:
     """Worker `task`'s value (small integers: float32 sums are exact)."""
-    return ((np.arange(SIZE) * (task + 1)) % 13).astype(np.float32)
+    return ((np.arange(size) * (task + 1)) % 13).astype(np.float32)
 
 
-def loop(timeout_seconds: float) -> int:
+def loop(
+    timeout_seconds: float,
+    stall_warning_seconds: float | None = None,
+    size: int = SIZE,
+) -> int:
     import tensorflow as tf
 
     import tf_crossdevice
@@ -43,7 +50,7 @@ def loop(timeout_seconds: float) -> int:
             timeout_seconds=timeout_seconds
         ),
     )
-    mine = tf.constant(value(strategy.cluster_resolver.task_id))
+    mine = tf.constant(value(strategy.cluster_resolver.task_id, size))
 
     @tf.function
     def step():
@@ -54,7 +61,9 @@ def loop(timeout_seconds: float) -> int:
     steps = 0
     try:
         while True:
-            with tf_crossdevice.reporting_unreachable_peers(strategy):
+            with tf_crossdevice.reporting_unreachable_peers(
+                strategy, stall_warning_seconds=stall_warning_seconds
+            ):
                 total = step().numpy()
             steps += 1
             processes.reply(
@@ -80,7 +89,9 @@ def main(argv: list[str]) -> int:
     from tf_crossdevice.cluster import processes
 
     processes.exit_when_parent_goes()
-    return loop(float(argv[0]))
+    stall = float(argv[1]) if len(argv) > 1 else None
+    size = int(argv[2]) if len(argv) > 2 else SIZE
+    return loop(float(argv[0]), stall, size)
 
 
 if __name__ == "__main__":

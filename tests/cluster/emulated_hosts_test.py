@@ -20,7 +20,9 @@ import json
 import os
 import pathlib
 import re
+import socket
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -153,6 +155,90 @@ def test_links_are_shaped_and_cores_shared():
         assert len(set(addresses)) == 4
         assert all(a.startswith("198.18.") for a in addresses)
         assert bed.client_address.endswith(".254")
+
+
+# On host 1: a connection that starts with b"G" gets SIZE bytes back; one
+# that starts with b"P" sends bytes until it shuts its side, and gets b"ok".
+TRANSFER_SERVER = """
+import socket, sys
+size = int(sys.argv[2])
+server = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+print("listening", flush=True)
+while True:
+    conn = server.accept()[0]
+    with conn:
+        if conn.recv(1) == b"G":
+            conn.sendall(bytes(size))
+        else:
+            while conn.recv(1 << 16):
+                pass
+            conn.sendall(b"ok")
+"""
+TRANSFER = 256 << 10  # Bytes each way.
+
+
+def transfer_seconds(address: str, port: int) -> tuple[float, float]:
+    """Seconds to fetch TRANSFER bytes from the server, and to send them."""
+    with socket.create_connection((address, port), 10) as conn:
+        start = time.monotonic()
+        conn.sendall(b"G")
+        got = 0
+        while chunk := conn.recv(1 << 16):
+            got += len(chunk)
+        assert got == TRANSFER
+        fetched = time.monotonic() - start
+    with socket.create_connection((address, port), 10) as conn:
+        start = time.monotonic()
+        conn.sendall(b"P" + bytes(TRANSFER))
+        conn.shutdown(socket.SHUT_WR)
+        assert conn.recv(2) == b"ok"
+        sent = time.monotonic() - start
+    return fetched, sent
+
+
+def test_throttle_slows_a_link_both_ways_until_restored():
+    crawl = "2mbit"
+    # What TRANSFER takes at the crawl, less what the bucket lets through
+    # at once and what the queue holds (a tenth of a second's bytes each).
+    least = (TRANSFER - 2 * 25_000) * 8 / hosts_lib.parse_rate(crawl)
+    with hosts_lib.EmulatedHosts(2, "1gbit") as bed:
+        port = processes.free_ports(1)[0]
+        argv = [sys.executable, "-c", TRANSFER_SERVER, str(port)]
+        server = processes.Child(
+            bed.command(1, [*argv, str(TRANSFER)]), name="server on host 1"
+        )
+        with server:
+            assert server.read_line(timeout=30) == "listening"
+            address = bed.hosts[1].address
+            before = transfer_seconds(address, port)
+            bed.throttle(1, crawl)
+            slowed = transfer_seconds(address, port)
+            unaffected = hosts_lib._run(
+                ["tc", "qdisc", "show", "dev", bed.hosts[0].link]
+            )
+            bed.restore(1)
+            after = transfer_seconds(address, port)
+            tc = hosts_lib._run(
+                ["tc", "qdisc", "show", "dev", bed.hosts[1].link]
+            )
+    print(f"fetch, send (s): {before} before, {slowed} slowed, {after} after")
+    # Host 1 sends (fetch) and receives (send) at the crawl...
+    for seconds in slowed:
+        assert least <= seconds <= 10 * least, slowed
+    # ...and at full rate before and after; host 0 was never slowed.
+    for seconds in (*before, *after):
+        assert seconds < least / 4, (before, after)
+    assert "1Gbit" in unaffected, unaffected
+    assert "1Gbit" in tc, tc
+    assert hosts_lib.leftovers(os.getpid()) == []
+
+
+def test_throttle_names_a_bad_rate_or_index():
+    with hosts_lib.EmulatedHosts(2, "100mbit") as bed:
+        with pytest.raises(ValueError, match=r"rate: expected .*'1gbit'"):
+            bed.throttle(1, "slow")
+        with pytest.raises(ValueError, match=r"index: expected"):
+            bed.throttle(2, "1mbit")
 
 
 @pytest.mark.parametrize(

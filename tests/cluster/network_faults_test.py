@@ -1,13 +1,17 @@
 """Network faults between emulated hosts: a cut link blocks both ways and
-heals; a collective names the host cut off for longer than its timeout and
-rides out a shorter outage.
+heals, a throttled link crawls both ways and recovers; a collective rides
+out a short outage, its stall report names a host on a slowed link and a
+host cut off before the timeout, and its error names the host cut off for
+longer than the timeout.
 
 Workers are tests/network_faults_child.py, one per emulated host (1 Gbit/s
 links), all-reducing a vector step after step with CollectiveAllReduce
-inside `tf_crossdevice.reporting_unreachable_peers`. Sums are checked
-against numpy. After each test no process, namespace, link or cgroup of it
-remains. These tests build namespaces: they need root on Linux, which
-README's test command and CI have.
+inside `tf_crossdevice.reporting_unreachable_peers`. To keep the suite
+short, one pair of workers serves the collective tests, in file order:
+the outage, the slowed link, then the cut that ends the job. Sums are
+checked against numpy. After the tests no process, namespace, link or
+cgroup of them remains. These tests build namespaces: they need root on
+Linux, which README's test command and CI have.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -33,17 +38,22 @@ from tf_crossdevice.cluster import processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STARTUP = 240  # Seconds for both workers' first steps on a loaded machine.
-# A cut longer than timeout_seconds (T): each worker must fail within T
-# plus this margin (the probe's second, the error's way back, a loaded
-# machine).
-TIMEOUT = 8
+# The workers' timeout_seconds (T). A cut longer than T: each worker must
+# fail within T plus MARGIN (the probe's second, the error's way back, a
+# loaded machine). An outage of OUTAGE, well under T: the steps carry on.
+TIMEOUT = 12
 MARGIN = 15
-# An outage shorter than a generous T: the steps must carry on.
 OUTAGE = 2.0
-OUTAGE_TIMEOUT = 20
 # Steps reported to have finished within this long after the cut may have
 # sent their last bytes before it.
 IN_FLIGHT = 0.5
+# The stall report comes after a step waited STALL_WARNING. Steps
+# all-reduce SIZE floats (1 MiB): a few milliseconds at 1 Gbit/s, most of
+# a minute at CRAWL, so a step on the slowed link waits past STALL_WARNING.
+STALL_WARNING = 2.0
+SIZE = 1 << 18
+CRAWL = "100kbit"
+STALLED = re.compile(r"Stalled collective: step (\d+) of (\S+) .*")
 
 SERVE = """
 import socket, sys
@@ -122,19 +132,23 @@ def test_cut_names_a_bad_index(index):
             bed.restore(index)
 
 
-def expected_sum() -> np.ndarray:
-    return child_lib.value(0) + child_lib.value(1)
+def expected_sum(size: int = SIZE) -> np.ndarray:
+    return child_lib.value(0, size) + child_lib.value(1, size)
 
 
 @contextlib.contextmanager
 def looping_workers(
-    bed: hosts_lib.EmulatedHosts, timeout: float
+    bed: hosts_lib.EmulatedHosts,
+    timeout: float,
+    stall_warning: float,
+    size: int = SIZE,
 ) -> Iterator[tuple[list[processes.Child], list[str]]]:
-    """Both workers all-reducing; yields them and their addresses, after
-    each has finished 3 steps with the right sums."""
+    """Both workers all-reducing `size` floats; yields them and their
+    addresses, after each has finished 3 steps with the right sums."""
     envs = launch.tf_config_envs(2, [h.address for h in bed.hosts])
     addresses = json.loads(envs[0]["TF_CONFIG"])["cluster"]["worker"]
-    argv = [sys.executable, "-m", "tests.network_faults_child", str(timeout)]
+    argv = [sys.executable, "-m", "tests.network_faults_child"]
+    argv += [str(timeout), str(stall_warning), str(size)]
     children = [
         processes.Child(
             bed.command(i, argv), name=f"worker {i}", env=env, cwd=ROOT
@@ -144,7 +158,7 @@ def looping_workers(
     try:
         for child in children:
             for reply in steps_until(child, lambda r: r["steps"] >= 3):
-                check_sum(reply)
+                check_sum(reply, size)
         yield children, addresses
     finally:
         processes.stop_all(children)
@@ -158,28 +172,137 @@ def steps_until(child: processes.Child, done) -> list[dict]:
     return replies
 
 
-def check_sum(reply: dict) -> None:
+def check_sum(reply: dict, size: int = SIZE) -> None:
     assert "steps" in reply, reply
     got = np.frombuffer(base64.b64decode(reply["sum"]), np.float32)
-    np.testing.assert_array_equal(got, expected_sum())
+    np.testing.assert_array_equal(got, expected_sum(size))
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """Two emulated hosts and a worker on each (the tests below share
+    them); nothing of them is left after the module's tests."""
+    with (
+        hosts_lib.EmulatedHosts(2, "1gbit") as bed,
+        looping_workers(bed, TIMEOUT, STALL_WARNING) as (children, addresses),
+    ):
+        yield bed, children, addresses
+    assert hosts_lib.leftovers(os.getpid()) == []
+
+
+def stall_reports(child: processes.Child) -> list[str]:
+    return [m[0] for m in STALLED.finditer(child.stderr_text())]
+
+
+def next_stall_report(
+    child: processes.Child, seen: int, deadline: float
+) -> tuple[str, float]:
+    """The first stall report after the `seen` ones, and when it came."""
+    while time.monotonic() < deadline:
+        reports = stall_reports(child)
+        if len(reports) > seen:
+            return reports[seen], time.monotonic()
+        time.sleep(0.1)
+    raise AssertionError(
+        f"no stall report in time; stderr:\n{child.stderr_text(3000)}"
+    )
 
 
 @pytest.mark.slow
-def test_a_host_cut_off_past_the_timeout_is_named_by_the_others():
-    with (
-        hosts_lib.EmulatedHosts(2, "1gbit") as bed,
-        looping_workers(bed, TIMEOUT) as (children, addresses),
+def test_an_outage_shorter_than_the_timeout_delays_the_steps(workers):
+    bed, children, _ = workers
+    cut_at = time.time()
+    bed.cut(1)
+    time.sleep(OUTAGE)
+    bed.restore(1)
+    restored_at = time.time()
+    resumed = []
+    for child in children:
+        # Until 3 steps have ended after the link came back.
+        after: list[dict] = []
+
+        def three_after(reply, after=after) -> bool:
+            if reply.get("time", 0) > restored_at:
+                after.append(reply)
+            return len(after) >= 3
+
+        replies = steps_until(child, three_after)
+        for reply in replies:
+            check_sum(reply)
+        during = [
+            r["steps"]
+            for r in replies
+            if cut_at + IN_FLIGHT < r["time"] < restored_at
+        ]
+        assert not during, f"steps ended while the link was down: {during}"
+        resumed.append(after[0]["time"] - restored_at)
+    print(f"first step after the outage ended {max(resumed):.1f} s after it")
+    assert max(resumed) <= 10, resumed
+
+
+@pytest.mark.slow
+def test_the_stall_report_names_a_host_on_a_slowed_link(workers):
+    bed, children, addresses = workers
+    seen = len(stall_reports(children[0]))
+    slowed_at = time.monotonic()
+    bed.throttle(1, CRAWL)
+    try:
+        report, at = next_stall_report(children[0], seen, slowed_at + TIMEOUT)
+    finally:
+        bed.restore(1)
+    waited = at - slowed_at
+    print(f"stall report {waited:.1f} s after the link was slowed: {report}")
+    # The step in flight when the link slowed began at most one quick step
+    # before: the report comes once it has waited STALL_WARNING.
+    assert STALL_WARNING - 0.5 <= waited < TIMEOUT, waited
+    assert (
+        f"Slow: /job:worker/replica:0/task:1 ({addresses[1]}): its link "
+        "is slow" in report
+    ), report
+    assert "Not reachable" not in report, report
+    # The steps carry on at full rate; the stalled one was reported once.
+    restored_at = time.time()
+    for reply in steps_until(
+        children[0], lambda r: r.get("time", 0) > restored_at + 1
     ):
-        cut_at = time.time()
-        bed.cut(1)
-        failures = []
-        for child in children:
-            replies = steps_until(child, lambda r: "error" in r)
-            for reply in replies[:-1]:  # Steps that ended before the cut.
-                check_sum(reply)
-                assert reply["time"] <= cut_at + IN_FLIGHT, reply["time"]
-            failures.append(replies[-1])
-            assert child.wait(timeout=30) == 2, child.stderr_text(3000)
+        check_sum(reply)
+    step = STALLED.match(report)[1]
+    same_step = [
+        r for r in stall_reports(children[0]) if STALLED.match(r)[1] == step
+    ]
+    assert len(same_step) == 1, same_step
+
+
+@pytest.mark.slow
+def test_a_host_cut_off_is_reported_then_named_by_the_timeout_s_error(
+    workers,
+):
+    bed, children, addresses = workers
+    seen = len(stall_reports(children[0]))
+    cut_at_monotonic, cut_at = time.monotonic(), time.time()
+    bed.cut(1)
+    # Before the timeout, worker 0's stall report names task 1. (The cut
+    # host may fail at once instead: its own link has no carrier.)
+    report, at = next_stall_report(
+        children[0], seen, cut_at_monotonic + TIMEOUT
+    )
+    waited = at - cut_at_monotonic
+    print(f"stall report {waited:.1f} s after the cut: {report}")
+    assert STALL_WARNING - 0.5 <= waited < TIMEOUT, waited
+    assert (
+        f"Not reachable: /job:worker/replica:0/task:1 ({addresses[1]})"
+        in report
+    ), report
+    assert "Slow:" not in report, report
+    # ...and the timeout's error names it again.
+    failures = []
+    for child in children:
+        replies = steps_until(child, lambda r: "error" in r)
+        for reply in replies[:-1]:  # Steps that ended before the cut.
+            check_sum(reply)
+            assert reply["time"] <= cut_at + IN_FLIGHT, reply["time"]
+        failures.append(replies[-1])
+        assert child.wait(timeout=30) == 2, child.stderr_text(3000)
     worker_0, worker_1 = failures
     # Worker 0 names task 1, which it cannot reach, and its address.
     assert worker_0["error"] == "DeadlineExceededError", worker_0
@@ -202,40 +325,3 @@ def test_a_host_cut_off_past_the_timeout_is_named_by_the_others():
         print(f"worker {i}: {failure['error']} {seconds:.1f} s after the cut")
     assert TIMEOUT - 1 <= took[0] <= TIMEOUT + MARGIN, took
     assert took[1] <= TIMEOUT + MARGIN, took
-    assert hosts_lib.leftovers(os.getpid()) == []
-
-
-@pytest.mark.slow
-def test_an_outage_shorter_than_the_timeout_delays_the_steps():
-    with (
-        hosts_lib.EmulatedHosts(2, "1gbit") as bed,
-        looping_workers(bed, OUTAGE_TIMEOUT) as (children, _),
-    ):
-        cut_at = time.time()
-        bed.cut(1)
-        time.sleep(OUTAGE)
-        bed.restore(1)
-        restored_at = time.time()
-        resumed = []
-        for child in children:
-            # Until 3 steps have ended after the link came back.
-            after: list[dict] = []
-
-            def three_after(reply, after=after) -> bool:
-                if reply.get("time", 0) > restored_at:
-                    after.append(reply)
-                return len(after) >= 3
-
-            replies = steps_until(child, three_after)
-            for reply in replies:
-                check_sum(reply)
-            during = [
-                r["steps"]
-                for r in replies
-                if cut_at + IN_FLIGHT < r["time"] < restored_at
-            ]
-            assert not during, f"steps ended while the link was down: {during}"
-            resumed.append(after[0]["time"] - restored_at)
-    print(f"first step after the outage ended {max(resumed):.1f} s after it")
-    assert max(resumed) <= 10, resumed
-    assert hosts_lib.leftovers(os.getpid()) == []

@@ -30,6 +30,8 @@ Linux, with `ip` and `tc`.
         sent, received = hosts.link_bytes()[0]
         hosts.cut(1)  # Host 1 is off the network...
         hosts.restore(1)  # ...and back.
+        hosts.throttle(1, "100kbit")  # Its link crawls...
+        hosts.restore(1)  # ...and is back at link_rate.
 
 On the command line, the launcher runs a job's workers one per emulated
 host and removes the hosts after:
@@ -74,6 +76,8 @@ _LOCK = pathlib.Path("/run/tf_crossdevice_hosts.lock")
 _PERIOD_US = 100_000
 _RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)", re.IGNORECASE)
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+# A full-rate link's token bucket: 1 MiB, as `tc`'s "1mb" reads.
+_BURST_BYTES = 1 << 20
 
 
 def parse_rate(rate: str, argument: str = "link_rate") -> float:
@@ -202,7 +206,7 @@ class EmulatedHosts:
                 _ip(*where, "link", "set", dev, "mtu", str(self.mtu))
                 _ip(*where, "link", "set", dev, "up")
                 _tc(*where, "qdisc", "add", "dev", dev, "root", "tbf",
-                    "rate", self.link_rate, "burst", "1mb",
+                    "rate", self.link_rate, "burst", str(_BURST_BYTES),
                     "latency", "100ms")  # fmt: skip
             _ip("link", "set", link, "master", self._bridge)
             _ip("-n", ns, "addr", "add", f"{net}.{i + 1}/24", "dev", "eth0")
@@ -243,17 +247,47 @@ class EmulatedHosts:
         """
         _ip("link", "set", self._host(index).link, "down")
 
+    def throttle(self, index: int, rate: str) -> None:
+        """Shapes host `index`'s link to `rate`, both ways, until
+        `restore(index)`: a link slowed to a crawl (a failing cable or
+        switch port, a saturated uplink) rather than cut.
+
+        Both ends' token buckets change in place (`tc qdisc change`), so
+        open connections stay open and packets keep flowing, at `rate`.
+        The bucket shrinks with the rate (to a tenth of a second's bytes,
+        and at least one frame, the least that lets a frame through), so
+        that nothing crosses at the old rate first.
+
+        Raises:
+            ValueError: `index` is not a host's index, or `rate` not a rate.
+            RuntimeError: `tc` failed (the message names the command).
+        """
+        host = self._host(index)
+        bits = parse_rate(rate, "rate")
+        self._shape(host, rate, _burst_bytes(bits, self.mtu))
+
     def restore(self, index: int) -> None:
-        """Reconnects host `index` after `cut(index)`; its shaping and
-        address are unchanged. Connections still open carry on once TCP
-        retransmits (within a few seconds of a short cut). Restoring a
-        connected host does nothing.
+        """Undoes `cut(index)` and `throttle(index, ...)`: host `index` is
+        connected again at `link_rate`; its address is unchanged.
+        Connections still open carry on once TCP retransmits (within a few
+        seconds of a short cut). Restoring a connected host at full rate
+        does nothing.
 
         Raises:
             ValueError: `index` is not a host's index.
-            RuntimeError: `ip` failed (the message names the command).
+            RuntimeError: `ip` or `tc` failed (the message names the
+                command).
         """
-        _ip("link", "set", self._host(index).link, "up")
+        host = self._host(index)
+        self._shape(host, self.link_rate, _BURST_BYTES)
+        _ip("link", "set", host.link, "up")
+
+    @staticmethod
+    def _shape(host: Host, rate: str, burst: int) -> None:
+        for where, dev in ((["-n", host.namespace], "eth0"), ([], host.link)):
+            _tc(*where, "qdisc", "change", "dev", dev, "root", "tbf",
+                "rate", rate, "burst", str(burst),
+                "latency", "100ms")  # fmt: skip
 
     def _host(self, index: int) -> Host:
         index = checks.integer(index, "index", minimum=0)
@@ -410,6 +444,13 @@ def _wait_gone(processes: list[psutil.Process], timeout: float) -> None:
     for process in processes:
         while time.monotonic() < deadline and _processes._is_alive(process):
             time.sleep(0.02)
+
+
+def _burst_bytes(rate_bits: float, mtu: int) -> int:
+    """A token bucket for `rate_bits`: a tenth of a second's bytes, and at
+    least one frame of `mtu` bytes with its Ethernet header (a bucket
+    smaller than a frame never lets it through), at most the full rate's."""
+    return int(min(max(rate_bits / 8 / 10, mtu + 14), _BURST_BYTES))
 
 
 def _free_subnet() -> int:

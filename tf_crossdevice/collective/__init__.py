@@ -4,7 +4,8 @@
 collective group and the ops its members launch; `_base` what the two
 classes share; `_all_reduce` CollectiveAllReduce; `_hierarchical`
 HierarchicalCollectiveAllReduce; `_strategy` MultiWorkerMirroredStrategy;
-`_peers` names the peers a failed collective cannot reach.
+`_peers` names the peers a failed collective cannot reach; `_stall`
+reports the slow or unreachable peers of a step that waits too long.
 
 May import: `_core`, `compression`, `packing`, `algorithms`, `ops`.
 """

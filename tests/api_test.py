@@ -118,6 +118,7 @@ PUBLIC_API = {
     ],
     "tf_crossdevice.compression": [
         "COMPRESSIONS",
+        "PowerSGD",
         "compresses",
         "gather_compression_pays",
         "sum_tolerance",

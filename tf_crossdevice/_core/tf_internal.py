@@ -120,11 +120,13 @@ def function_graph_being_built():
     return graph if getattr(graph, "building_function", False) else None
 
 
-def new_resource_variable(initial_value):
+def new_resource_variable(initial_value, trainable=True, name=None):
     """A resource variable that no variable creator scope intercepts."""
     from tensorflow.python.ops import resource_variable_ops
 
-    return resource_variable_ops.ResourceVariable(initial_value)
+    return resource_variable_ops.ResourceVariable(
+        initial_value, trainable=trainable, name=name
+    )
 
 
 def multi_worker_strategy_parts():

@@ -21,6 +21,7 @@ from tf_crossdevice.collective._base import (
     all_reduce_sparse,
 )
 from tf_crossdevice.collective._group import Group, Options
+from tf_crossdevice.compression._powersgd import PowerSGD
 from tf_crossdevice.ops import _base
 from tf_crossdevice.ops._base import Value
 from tf_crossdevice.packing._collective_pack import (
@@ -82,7 +83,16 @@ class CollectiveAllReduce(CollectiveOpsBase):
             gathering its 16-bit packs would move more bytes than the fp32
             ring ((p-1)/2 vs 2(p-1)/p of the pack per member); so does one
             worker alone (nothing crosses a worker boundary). IndexedSlices
-            and `gather` travel uncompressed.
+            and `gather` travel uncompressed. Or a
+            `tf_crossdevice.compression.PowerSGD` compressor: the sums of
+            batch reductions and replica-context all-reduces (the path of
+            optimizers' gradients) become its rank-r approximations with
+            error feedback, on every worker alike; `reduce`
+            (`strategy.reduce`, sync-on-read variables, mirrored variable
+            writes), `broadcast` and `gather` stay exact, and so does
+            everything with one worker. Replica-context all-reduces then go
+            through a merge_call, so that the compressor sees every local
+            replica's gradients at once. See docs/guides/powersgd.md.
 
     One worker reduces exactly even with compression (nothing crosses):
 
@@ -95,7 +105,7 @@ class CollectiveAllReduce(CollectiveOpsBase):
     Traceback (most recent call last):
     ...
     ValueError: compression: unknown value 'int8'; expected one of None, \
-'bf16', 'fp16'
+'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD
     """
 
     def __init__(
@@ -106,7 +116,7 @@ class CollectiveAllReduce(CollectiveOpsBase):
         collective_keys: Any = None,
         *,
         options: Any = None,
-        compression: str | None = None,
+        compression: str | PowerSGD | None = None,
     ) -> None:
         super().__init__(num_workers, options, collective_keys, compression)
         self.num_gpus_per_worker = checks.non_negative_int(
@@ -164,6 +174,8 @@ class CollectiveAllReduce(CollectiveOpsBase):
     def _all_reduce(self, reduce_op, value, replica_id, options):
         """One replica's share of a replica-context all-reduce."""
         reduce_op = _base.check_reduce_op(reduce_op)
+        if self._powersgd is not None and self._num_workers > 1:
+            return _merged_all_reduce(reduce_op, value, options)
         options = self._call_options(options)
         if self._local_devices is None:
             raise ValueError(
@@ -181,6 +193,22 @@ class CollectiveAllReduce(CollectiveOpsBase):
             with tf.device(self._local_devices[replica_id]):
                 out = [_base.divide(v, group.size) for v in out]
         return tf.nest.pack_sequence_as(value, out)
+
+
+def _merged_all_reduce(reduce_op: Any, value: Any, options: Any) -> Any:
+    """A replica-context all-reduce as one batch reduction of every local
+    replica's values (TensorFlow's generic path: merge_call, then
+    batch_reduce_to), where a PowerSGD compressor needs them all."""
+
+    def merge_fn(strategy: Any, flat: list[Any]) -> Any:
+        return strategy.extended.batch_reduce_to(
+            reduce_op, [(v, v) for v in flat], options
+        )
+
+    reduced = tf.distribute.get_replica_context().merge_call(
+        merge_fn, args=(tf.nest.flatten(value),)
+    )
+    return tf.nest.pack_sequence_as(value, reduced)
 
 
 def _is_sparse(value: Value) -> bool:

@@ -44,6 +44,7 @@ from tf_crossdevice._core import checks, tf_internal
 from tf_crossdevice.collective import _runtime as collective_runtime
 from tf_crossdevice.collective._group import Group, Options
 from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice.compression._powersgd import PowerSGD
 from tf_crossdevice.ops import _base
 from tf_crossdevice.ops._base import Item, ReduceOp, Value
 
@@ -76,11 +77,18 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         num_workers: int,
         options: Any,
         collective_keys: Any,
-        compression: str | None = None,
+        compression: str | PowerSGD | None = None,
     ) -> None:
         super().__init__()
         self._num_workers = checks.positive_int(num_workers, "num_workers")
-        self._compression = codec.check_compression(compression)
+        # A PowerSGD compressor approximates the sums of batch reductions
+        # (gradients); the wire codec, if any, applies to every reduction.
+        self._powersgd = (
+            compression if isinstance(compression, PowerSGD) else None
+        )
+        self._compression = (
+            None if self._powersgd else check_compression(compression)
+        )
         self._options = _base.check_options(options)
         if collective_keys is not None and not tf_internal.is_collective_keys(
             collective_keys
@@ -99,9 +107,10 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         self._traced: dict[tuple[Any, ...], Any] = {}
 
     @property
-    def compression(self) -> str | None:
-        """Wire compression of float32/float64 sums: None, "bf16" or "fp16"."""
-        return self._compression
+    def compression(self) -> str | PowerSGD | None:
+        """None, the wire codec ("bf16" or "fp16") or the PowerSGD
+        compressor of batch reductions."""
+        return self._powersgd or self._compression
 
     # ---- Binding to a strategy ------------------------------------------
 
@@ -210,6 +219,29 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
 
     # ---- Reduce -----------------------------------------------------------
 
+    @_base._no_autograph
+    def batch_reduce(
+        self, reduce_op: Any, value_destination_pairs: Any, options: Any = None
+    ) -> list[Any]:
+        """Reduces several (value, destinations) pairs in one go.
+
+        With a PowerSGD `compression` and more than one worker, the sums of
+        the float32/float64 matrices it compresses are its low-rank
+        approximations (see `tf_crossdevice.compression.PowerSGD`): batch
+        reductions are what optimizers' gradients go through. Everything
+        else, and `reduce`, `broadcast` and `gather` always, is exact.
+        """
+        if self._powersgd is None or self._num_workers == 1:
+            # One worker: nothing crosses a worker boundary, so nothing is
+            # worth approximating.
+            return super().batch_reduce(
+                reduce_op, value_destination_pairs, options
+            )
+        reduce_op = _base.check_reduce_op(reduce_op)
+        options = _base.check_options(options)
+        items = self._items_from_pairs(value_destination_pairs)
+        return self._reduce_batch(reduce_op, items, options, compress=True)
+
     def _items_from_pairs(self, value_destination_pairs: Any) -> list[Item]:
         if isinstance(value_destination_pairs, (list, tuple)):
             value_destination_pairs = [
@@ -221,10 +253,15 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         return super()._items_from_pairs(value_destination_pairs)
 
     def _reduce_batch(
-        self, reduce_op: ReduceOp, items: list[Item], options: Any
+        self,
+        reduce_op: ReduceOp,
+        items: list[Item],
+        options: Any,
+        compress: bool = False,
     ) -> list[Any]:
         """Every item through the collectives (the base class already
-        copied one-replica values in place, when there is one worker)."""
+        copied one-replica values in place, when there is one worker);
+        through the PowerSGD compressor when `compress`."""
         if not items:
             return []
         options = self._call_options(options)
@@ -237,11 +274,15 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             sums: list[Any] = [None] * len(components)
             for devices, indices in by_devices.items():
                 batch = [list(components[i]) for i in indices]
-                for i, per_device in zip(
-                    indices,
-                    self._sum_group(batch, devices, options),
-                    strict=True,
-                ):
+                if compress and self._powersgd is not None:
+                    summed = self._powersgd.sum(
+                        batch,
+                        _group_sum(self, devices, options),
+                        devices,
+                    )
+                else:
+                    summed = self._sum_group(batch, devices, options)
+                for i, per_device in zip(indices, summed, strict=True):
                     if reduce_op == ReduceOp.MEAN:
                         count = len(devices) * self._num_workers
                         per_device = [
@@ -254,6 +295,7 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         components = [list(item.components) for item in items]
         signature = (
             "reduce",
+            compress,
             reduce_op,
             tuple(devices_of),
             _options_key(options),
@@ -349,6 +391,29 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             f"{type(self).__name__} reduces in cross-replica context "
             "(merge_call) only"
         )
+
+
+def check_compression(value: Any) -> str | None:
+    """`value` if it is None, "bf16" or "fp16"; else ValueError naming a
+    PowerSGD compressor too."""
+    try:
+        return codec.check_compression(value)
+    except ValueError:
+        raise ValueError(
+            f"compression: unknown value {value!r}; expected one of None, "
+            "'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD"
+        ) from None
+
+
+def _group_sum(
+    ops: CollectiveOpsBase, devices: tuple[str, ...], options: Options
+) -> Any:
+    """The collective sum of a batch over `devices`, for PowerSGD."""
+
+    def all_sum(batch: list[list[Value]]) -> list[list[Value]]:
+        return ops._sum_group(batch, devices, options)
+
+    return all_sum
 
 
 def _unplaced_to_none(value: Any, destinations: Any) -> Any:

@@ -27,6 +27,7 @@ from tf_crossdevice.collective._base import (
     CollectiveOpsBase,
     all_reduce_sparse,
 )
+from tf_crossdevice.compression._powersgd import PowerSGD
 from tf_crossdevice.ops import _base
 from tf_crossdevice.ops._default import default_cross_device_ops
 from tf_crossdevice.packing._collective_pack import (
@@ -75,7 +76,8 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
             `compression` does, with one member per worker (so it applies
             up to 3 workers; more reduce uncompressed, logged once). The
             reduce inside a worker and the copies to its other devices are
-            not compressed.
+            not compressed. Or a `tf_crossdevice.compression.PowerSGD`
+            compressor, for batch reductions, as in `CollectiveAllReduce`.
 
     >>> ops = tf_crossdevice.HierarchicalCollectiveAllReduce(
     ...     tf_crossdevice.ReductionToOneDevice(), compression="fp16")
@@ -88,7 +90,7 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
         local_cross_device_ops: Any = None,
         *,
         options: Any = None,
-        compression: str | None = None,
+        compression: str | PowerSGD | None = None,
     ) -> None:
         super().__init__(1, options, None, compression)
         if local_cross_device_ops is not None and not isinstance(

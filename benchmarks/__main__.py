@@ -245,9 +245,12 @@ def main(argv: list[str]) -> int:
         for n in devices
     ]
     across_candidates = {
-        w.name: candidates_lib.multi_worker_candidates(w, FLAGS.quick)
+        (w.name, p): candidates_lib.multi_worker_candidates(
+            w, FLAGS.quick, num_workers=p
+        )
         + candidates_lib.strategy_candidates(FLAGS.quick)
-        for w in (across if workers or emulated else [])
+        for w in across
+        for p in {*workers, *emulated}
     }
     every = [c for _, _, group in plan for c in group]
     every += [c for group in across_candidates.values() for c in group]
@@ -259,8 +262,8 @@ def main(argv: list[str]) -> int:
     def keep(group: list[Any]) -> list[Any]:
         return candidates_lib.select(group, FLAGS.candidates)
 
-    def candidates_of(w: Any) -> list[Any]:
-        return keep(across_candidates[w.name])
+    def candidates_for(p: int) -> Any:
+        return lambda w: keep(across_candidates[w.name, p])
 
     output = pathlib.Path(FLAGS.output_dir)
     output.mkdir(parents=True, exist_ok=True)
@@ -289,7 +292,12 @@ def main(argv: list[str]) -> int:
             save_partial()
         for p in workers:
             groups += groups_lib.multi_worker(
-                across, p, config, candidates_of, describe, local_devices
+                across,
+                p,
+                config,
+                candidates_for(p),
+                describe,
+                local_devices,
             )
             bar.update(len(across) * len(local_devices))
             save_partial()
@@ -298,7 +306,7 @@ def main(argv: list[str]) -> int:
                 across,
                 p,
                 config,
-                candidates_of,
+                candidates_for(p),
                 describe,
                 local_devices,
                 link_rate=FLAGS.link_rate,

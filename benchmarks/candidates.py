@@ -52,8 +52,10 @@ STRATEGY_OPS = ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
 # the collectives for `strategy_candidates`. Left out of it, and why:
 # - shard counts above 1 ((alg, n, -1) specs), except MultiWorkerAllReduce's
 #   default spec (MULTI_WORKER_DEFAULT_SPEC, the class's own, so that a
-#   choice of it gets a name here): timing 2, 4 and 8 would multiply a
-#   group's run by four.
+#   choice of it gets a name here) and, above 2 workers, pscpu with one
+#   shard per worker and the class's own packing (the one spec whose
+#   shuffle sends every worker the same bytes): timing 2, 4 and 8 would
+#   multiply a group's run by four.
 # - spec ranges (a list of (alg, shards, max_bytes)): a range runs, per
 #   pack, one of the algorithms timed alone here.
 # - collectives with 32 MiB packs: each between-graph candidate starts its
@@ -164,9 +166,12 @@ def _spec_name(name: str, spec: Any, packing: Mapping[str, Any]) -> str:
     return f"ours {name} {shown}{_label(dict(packing))}"
 
 
-def _from_grid(config: cost_model.Config) -> Candidate | None:
+def _from_grid(
+    config: cost_model.Config, num_workers: int = 1
+) -> Candidate | None:
     """The benchmark's candidate for a configuration of
-    `cost_model.candidates`; None for what it leaves out (see above)."""
+    `cost_model.candidates(num_workers, 1)`; None for what it leaves out
+    (see above)."""
     name, kwargs = config
     if name == "ReductionToOneDevice" and not kwargs:
         return Candidate("ours ReductionToOneDevice", "ours", "ours_r1d")
@@ -182,8 +187,11 @@ def _from_grid(config: cost_model.Config) -> Candidate | None:
         return _hierarchical_copy(packing)
     spec = kwargs.get("all_reduce_spec")
     one_shard = isinstance(spec, str) and "#" not in spec
+    per_worker = num_workers > 2 and kwargs == {
+        "all_reduce_spec": ("pscpu", num_workers, -1)
+    }
     if name in ("SpecAllReduce", "MultiWorkerAllReduce") and (
-        one_shard or spec == MULTI_WORKER_DEFAULT_SPEC
+        one_shard or spec == MULTI_WORKER_DEFAULT_SPEC or per_worker
     ):
         packing = {k: v for k, v in kwargs.items() if k != "all_reduce_spec"}
         return _spec(name, spec, packing)
@@ -204,9 +212,10 @@ _KINDS = ("ours_r1d", "ours_all_reduce", "ours_spec", "ours_multi_worker")
 
 def _ours(num_workers: int) -> list[Candidate]:
     """Ours from the package's list (one device per worker across
-    workers: the list is the same for any count above 1)."""
+    workers)."""
     grid = cost_model.candidates(num_workers=num_workers, devices_per_worker=1)
-    return [c for c in map(_from_grid, grid) if c is not None]
+    kept = (_from_grid(config, num_workers) for config in grid)
+    return [c for c in kept if c is not None]
 
 
 _PACKING_KEYS = frozenset(
@@ -275,15 +284,25 @@ def _kept(c: Candidate, quick: bool) -> bool:
 
 
 def multi_worker_candidates(
-    workload: workloads_lib.Workload, quick: bool = False
+    workload: workloads_lib.Workload,
+    quick: bool = False,
+    num_workers: int = 2,
 ) -> list[Candidate]:
-    """The candidates across worker processes (one CPU replica each).
+    """The candidates across `num_workers` worker processes (one CPU
+    replica each).
 
     Ours run in one client driving the workers (MultiWorkerAllReduce from
-    `_ours(2)`, MULTI_WORKER_DEFAULT_SPEC first, each setting then with
-    each of COMPRESSIONS); MultiWorkerMirroredStrategy ("mwms", default
-    options: AUTO, which is RING on CPU, one pack) runs between-graph. Our
-    between-graph ones are `strategy_candidates`.
+    `_ours(num_workers)`, MULTI_WORKER_DEFAULT_SPEC first, each setting
+    then with each of COMPRESSIONS); MultiWorkerMirroredStrategy ("mwms",
+    default options: AUTO, which is RING on CPU, one pack) runs
+    between-graph. Our between-graph ones are `strategy_candidates`.
+
+    >>> from benchmarks import workloads
+    >>> [c.name for c in multi_worker_candidates(
+    ...     workloads.resnet50(), num_workers=3) if "', 3, -1)" in c.name]
+    ["ours MultiWorkerAllReduce ('pscpu', 3, -1)", \
+"ours MultiWorkerAllReduce ('pscpu', 3, -1) compression=bf16", \
+"ours MultiWorkerAllReduce ('pscpu', 3, -1) compression=fp16"]
     """
     out = [
         Candidate("TF MWMS default", "tf", "mwms"),
@@ -303,7 +322,8 @@ def multi_worker_candidates(
             Candidate("TF ReductionToOneDevice (in-graph)", "tf", "tf_r1d")
         )
     settings = sorted(
-        (c for c in _ours(2) if c.kind == "ours_multi_worker"), key=_order
+        (c for c in _ours(num_workers) if c.kind == "ours_multi_worker"),
+        key=_order,
     )
     out += settings
     for codec in COMPRESSIONS:

@@ -181,7 +181,8 @@ _COPY_0_TO_1 = (
     "bound: TF gRPC copy worker 0 -> 1",
 )
 _SHUFFLE = re.compile(
-    r"ours MultiWorkerAllReduce (?:pscpu|\('pscpu/pscpu', (\d+), -1\))(?: |$)"
+    r"ours MultiWorkerAllReduce "
+    r"(?:pscpu|\('pscpu(?:/pscpu)?', (\d+), -1\))(?: |$)"
 )
 _HALF = ("compression=bf16", "compression=fp16", "in bfloat16")
 _COLLECTIVES = (
@@ -216,6 +217,8 @@ def bytes_sent_model(
     [120.0, 120.0, 120.0]
     >>> bytes_sent_model("ours MultiWorkerAllReduce pscpu num_packs=1", 90, 3)
     [180.0, 90.0, 90.0]
+    >>> bytes_sent_model("ours MultiWorkerAllReduce ('pscpu', 3, -1)", 90, 3)
+    [120.0, 120.0, 120.0]
     >>> bytes_sent_model(
     ...     "ours MultiWorkerAllReduce ('pscpu/pscpu', 2, -1) "
     ...     "compression=bf16", 100, 2)

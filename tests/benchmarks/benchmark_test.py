@@ -724,6 +724,19 @@ def test_our_candidates_come_from_the_package_list():
     plain = {n for n in mw if "compression=" not in n}
     assert plain == grid_names(2)
     assert len(mw) == 3 * len(plain)  # uncompressed, bf16, fp16
+    # Above 2 workers, also the list's pscpu with one shard per worker.
+    at_3 = {
+        c.name
+        for c in candidates.multi_worker_candidates(
+            workloads.many_small(), num_workers=3
+        )
+        if c.family == "ours" and "compression=" not in c.name
+    }
+    assert at_3 - plain == {"ours MultiWorkerAllReduce ('pscpu', 3, -1)"}
+    per_worker = ("pscpu", 3, -1)
+    assert ("MultiWorkerAllReduce", {"all_reduce_spec": per_worker}) in (
+        cost_model.candidates(3, 1)
+    )
     hierarchical = [
         c
         for c in candidates.single_process_candidates(workloads.many_small())

@@ -34,6 +34,11 @@ PACKINGS: tuple[dict[str, int], ...] = (
     AGGREGATE,
 )
 SHARDS = (1, 2, 4, 8)
+# Across workers the list also has pscpu with one shard per worker (where
+# SHARDS lacks that count): the shuffle sums shard j on worker j mod
+# shards, so only then does every worker send and receive the same bytes,
+# 2(p-1)/p of the gradients, as a bandwidth-optimal all-reduce. With 2
+# shards on 3 workers, workers 0 and 1 each send 1.5 times the gradients.
 # The collectives' `options.bytes_per_pack` (0: the class's own packing).
 BYTES_PER_PACK = (0, 4 << 20, 32 << 20)
 # MultiWorkerAllReduce's default spec: pscpu within each worker, then pscpu
@@ -73,7 +78,8 @@ def candidates(
     rechd at 1 to 8 shards, and on GPUs NCCL, each with every packing.
 
     Several workers: `MultiWorkerAllReduce` with its default spec, xring,
-    rechd and pscpu at 1 to 8 shards, and where a worker has several
+    rechd and pscpu at 1 to 8 shards (and pscpu at one shard per worker),
+    and where a worker has several
     devices the two-level specs (inner pscpu or xring, and NCCL on GPUs;
     outer xring, rechd or pscpu), spec ranges (a latency-bound algorithm
     for packs up to 64 KiB or 1 MiB, a bandwidth-bound one above), each
@@ -98,6 +104,10 @@ def candidates(
     False
     >>> any("nccl" in str(kwargs) for _, kwargs in candidates(1, 4, "GPU"))
     True
+    >>> def specs(n):
+    ...     return [kw.get("all_reduce_spec") for _, kw in candidates(n, 1)]
+    >>> spec("pscpu", 3) in specs(3), spec("pscpu", 3) in specs(2)
+    (True, False)
     """
     gpu = device_type == "GPU"
     out: list[Config] = []
@@ -136,6 +146,8 @@ def candidates(
         for s in (spec(alg, shards) for shards in SHARDS)
         if s != MULTI_WORKER_DEFAULT_SPEC
     ]
+    if num_workers not in SHARDS:
+        specs.append(spec("pscpu", num_workers))
     # Latency-bound algorithm for small packs, bandwidth-bound for large.
     small = "pscpu/rechd" if devices_per_worker > 1 else "rechd"
     large = "pscpu/xring" if devices_per_worker > 1 else "xring"

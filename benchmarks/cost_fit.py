@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import pathlib
 import re
 import statistics
@@ -30,6 +31,7 @@ from benchmarks import candidates as candidates_lib
 from benchmarks import records
 from benchmarks import workloads as workloads_lib
 from benchmarks.candidates import Candidate
+from tf_crossdevice.cluster import hosts as hosts_lib
 from tf_crossdevice.tuning import cost_model
 
 # Within 25% of the measured time: close enough to rank the candidates.
@@ -103,6 +105,10 @@ class Row:
     measurement: cost_model.Measurement
     predicted: float = 0.0
     record: str = ""  # the benchmark record (one run) it comes from
+    # On emulated hosts: the links' rate ('1gbit') and the most any host's
+    # link carried in either direction per call (headers included).
+    link_rate: str | None = None
+    wire_bytes: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -126,37 +132,87 @@ def read_groups(
                 results.append((r.name, seconds))
         if g.setting == "single_process":
             scope = f"{g.num_replicas} devices"
+        elif g.link_rate is not None:
+            scope = (
+                f"{g.num_replicas} hosts at {g.link_rate} x {g.local_devices}"
+            )
         else:
             scope = f"{g.num_replicas} workers x {g.local_devices}"
         out.append((f"{path.stem}: {g.workload}, {scope}", g, results))
     return out
 
 
-def read_rows(paths: Sequence[pathlib.Path]) -> list[Row]:
+def machine_cores(path: pathlib.Path) -> int:
+    """The cores of the machine a record ran on, as its meta states them
+    ('2 CPU cores (x86_64), ...')."""
+    machine = str(records.Run.read(path).meta.get("machine", ""))
+    match = re.match(r"(\d+) CPU cores", machine)
+    if match is None:
+        raise ValueError(
+            f"{path}: meta.machine {machine!r} does not start with the "
+            "machine's cores ('2 CPU cores ...')"
+        )
+    return int(match[1])
+
+
+def _wire_bytes(result: records.Result) -> float | None:
+    sent = result.sent_bytes_per_host or []
+    received = result.received_bytes_per_host or []
+    return max([*sent, *received], default=None)
+
+
+def read_rows(
+    paths: Sequence[pathlib.Path], *, emulated: bool = False
+) -> list[Row]:
     """Every verified, timed candidate of every group of `paths` (bounds,
-    rooflines and baselines are not all-reduces, so they are left out)."""
+    rooflines and baselines are not all-reduces, so they are left out).
+
+    Args:
+        paths: benchmark records.
+        emulated: read the groups on emulated hosts (with a `link_rate`)
+            and only those; else the others. The two are fitted apart: on
+            loopback the cores bound every transfer, on shaped links the
+            wire does. On emulated hosts each host had an equal share of
+            the machine's cores (`EmulatedHosts`' CPU quota), which each
+            measurement carries as `cores_per_worker`.
+    """
     rows = []
     for path in paths:
         for label, g, results in read_groups(path):
+            if (g.link_rate is not None) != emulated:
+                continue
             workload = workload_named(g.workload)
-            known = {
-                c.name: c
-                for c in candidates_lib.single_process_candidates(workload)
-                + candidates_lib.multi_worker_candidates(workload)
-                + candidates_lib.strategy_candidates()
-            }
             single = g.setting == "single_process"
             workers = 1 if single else g.num_replicas
             local = g.num_replicas if single else g.local_devices
+            known = {
+                c.name: c
+                for c in candidates_lib.single_process_candidates(workload)
+                + candidates_lib.multi_worker_candidates(
+                    workload, num_workers=max(2, workers)
+                )
+                + candidates_lib.strategy_candidates()
+            }
+            cores = machine_cores(path) / workers if emulated else None
+            entries = {r.name: r for r in g.results}
             for name, seconds in results:
                 candidate = known.get(name)
                 if candidate is None:
                     continue
                 config, k = config_of(candidate, local)
                 m = cost_model.Measurement(
-                    config, gradients_of(workload), k, workers, seconds
+                    config, gradients_of(workload), k, workers, seconds, cores
                 )
-                rows.append(Row(label, name, m, record=path.stem))
+                rows.append(
+                    Row(
+                        label,
+                        name,
+                        m,
+                        record=path.stem,
+                        link_rate=g.link_rate,
+                        wire_bytes=_wire_bytes(entries[name]),
+                    )
+                )
     return rows
 
 
@@ -169,6 +225,7 @@ def predict_rows(rows: Sequence[Row], constants: cost_model.Constants) -> None:
             devices_per_worker=m.devices_per_worker,
             num_workers=m.num_workers,
             constants=constants,
+            cores_per_worker=m.cores_per_worker,
         )
 
 
@@ -336,7 +393,7 @@ def report(
         "alpha_collective": "s per collective all-reduce launched",
         "step": "s per all-reduce step, whatever it does",
     }
-    for name in cost_model.FIELDS:
+    for name in cost_model.LOOPBACK_FIELDS:
         value = getattr(constants, name)
         lines.append(f"| {name} | {value:.4g} | {meanings[name]} |")
     groups = _groups(rows)
@@ -375,7 +432,7 @@ def report(
             "The same model with its constants fitted to fewer rows at a",
             "time. Fitted to each record alone, the constants absorb the",
             "machine's state during that benchmark run; fitted to each group",
-            f"alone ({len(cost_model.FIELDS)} constants for "
+            f"alone ({len(cost_model.LOOPBACK_FIELDS)} constants for "
             f"{min(sizes)} to {max(sizes)} candidates), what still misses",
             "is what the model's form cannot express: overlap of packs and",
             "transfers, core contention, TF's built-ins' own internals, and",
@@ -448,17 +505,526 @@ def report(
     return "\n".join(lines) + "\n"
 
 
+# --- hosts on links of known rate ----------------------------------------
+
+# The targets on emulated hosts: the fitted link rate within 10% of the
+# rate the links were shaped to; every candidate of a held-out host count
+# predicted within 20%.
+RATE_TOLERANCE = 0.10
+HELD_OUT_TOLERANCE = 0.20
+# What `tc tbf` charges per payload byte beyond what the interfaces
+# counted: it shapes each segment's L2 frame (a GSO packet is charged per
+# segment), while a veth's counters see a GSO packet's headers once. At
+# MTU 9000 a TCP segment with timestamps carries 9000 - 52 payload bytes
+# in a 9014-byte frame.
+MTU = 9000
+FRAME_OVERHEAD = (MTU + 14) / (MTU - 52)
+
+
+def fit_link(rows: Sequence[Row]) -> cost_model.Constants:
+    """Every constant (`cost_model.FIELDS`) fitted to emulated rows."""
+    return cost_model.fit(
+        [r.measurement for r in rows], fields=cost_model.FIELDS
+    )
+
+
+def model_bytes(row: Row) -> float:
+    """The model's bytes on the busiest host's link each way
+    (`Traffic.net_bytes`)."""
+    m = row.measurement
+    return cost_model.traffic_of(
+        m.config,
+        m.gradients,
+        devices_per_worker=m.devices_per_worker,
+        num_workers=m.num_workers,
+    ).net_bytes
+
+
+def wire_overhead(rows: Sequence[Row]) -> float:
+    """Median bytes the busiest host's link carried per byte the model
+    counts (headers, gRPC framing, requests), over rows with both."""
+    ratios = [
+        r.wire_bytes / model_bytes(r)
+        for r in rows
+        if r.wire_bytes and model_bytes(r) > 0
+    ]
+    if not ratios:
+        raise ValueError("rows: no row has measured and modelled bytes")
+    return statistics.median(ratios)
+
+
+def recovered_rate(constants: cost_model.Constants, overhead: float) -> float:
+    """The link rate in bits/s that `constants.beta_net` (seconds per
+    payload byte) implies, counting `overhead` wire bytes per payload byte.
+
+    >>> c = dataclasses.replace(cost_model.DEFAULT_CONSTANTS, beta_net=8e-9)
+    >>> [round(recovered_rate(c, x) / 1e9, 9) for x in (1.0, 1.01)]
+    [1.0, 1.01]
+    """
+    if constants.beta_net <= 0:
+        return math.inf
+    return 8 * overhead / constants.beta_net
+
+
+def held_out_by_hosts(
+    rows: Sequence[Row],
+) -> list[tuple[tuple[int, ...], int, list[Row]]]:
+    """For each host count h: the other host counts, h, and copies of h's
+    rows predicted by constants fitted on the other host counts only."""
+    hosts = sorted({r.measurement.num_workers for r in rows})
+    out = []
+    for h in hosts:
+        train = [r for r in rows if r.measurement.num_workers != h]
+        test = [
+            dataclasses.replace(r)
+            for r in rows
+            if r.measurement.num_workers == h
+        ]
+        if not train or not test:
+            continue
+        predict_rows(test, fit_link(train))
+        others = tuple(x for x in hosts if x != h)
+        out.append((others, h, test))
+    return out
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation (ties get their mean rank).
+
+    >>> spearman([1, 2, 3, 4], [10, 20, 30, 40]), spearman([1, 2, 3], [3, 2, 1])
+    (1.0, -1.0)
+    """
+
+    def ranks(values: Sequence[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while (
+                j + 1 < len(order) and values[order[j + 1]] == values[order[i]]
+            ):
+                j += 1
+            for m in range(i, j + 1):
+                out[order[m]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    var = math.sqrt(
+        sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)
+    )
+    return cov / var if var else 0.0
+
+
+def ordering(rows: Sequence[Row]) -> list[tuple[str, int, float, str, float]]:
+    """Per group: (group, candidates, Spearman's rho of predicted against
+    measured times, the model's top pick, the measured best time / the top
+    pick's measured time: 1.0 when the model picks the fastest)."""
+    out = []
+    for name, rs in _groups(rows).items():
+        rho = spearman(
+            [r.predicted for r in rs], [r.measurement.seconds for r in rs]
+        )
+        pick = min(rs, key=lambda r: r.predicted)
+        best = min(r.measurement.seconds for r in rs)
+        out.append(
+            (
+                name,
+                len(rs),
+                rho,
+                pick.candidate,
+                best / pick.measurement.seconds,
+            )
+        )
+    return out
+
+
+# The per-message terms a fit on a few hosts cannot resolve next to a wire
+# time of a second (they fit 0), but which grow with the host count.
+LATENCY_TERMS = ("alpha_net", "alpha_collective")
+
+HostRecommendation = tuple[
+    str, int, int, cost_model.Config, float, cost_model.Config, float
+]
+
+
+def host_recommendations(
+    constants: cost_model.Constants,
+) -> list[HostRecommendation]:
+    """`recommend` at 64 to 1024 hosts with `constants` (one core per
+    replica: the per-core terms spread over a host's cores), then again
+    with each of `LATENCY_TERMS` at least the loopback fit's
+    (`DEFAULT_CONSTANTS`: the same machine's per-message costs).
+
+    Returns:
+        (workload, hosts, devices per host, config, seconds, config and
+        seconds with the loopback per-message terms).
+    """
+    floor = dataclasses.replace(
+        constants,
+        **{
+            name: max(
+                getattr(constants, name),
+                getattr(cost_model.DEFAULT_CONSTANTS, name),
+            )
+            for name in LATENCY_TERMS
+        },
+    )
+    out = []
+    for workload in (workloads_lib.resnet50(), workloads_lib.bert_base()):
+        grads = gradients_of(workload)
+        for workers in RECOMMEND_WORKERS:
+            for k in RECOMMEND_DEVICES:
+                picks = [
+                    cost_model.recommend(
+                        grads,
+                        num_workers=workers,
+                        devices_per_worker=k,
+                        constants=c,
+                        cores_per_worker=k,
+                    )
+                    for c in (constants, floor)
+                ]
+                out.append((workload.name, workers, k, *picks[0], *picks[1]))
+    return out
+
+
+def _mib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**20:.1f}"
+
+
+def _host_label(row: Row) -> str:
+    m = row.measurement
+    return f"{m.num_workers} x {m.devices_per_worker}"
+
+
+def hosts_report(
+    rows: Sequence[Row],
+    constants: cost_model.Constants,
+    rate: float,
+    overhead: float,
+    held_out: Sequence[tuple[tuple[int, ...], int, list[Row]]],
+    orderings: Sequence[
+        tuple[str, Sequence[tuple[str, int, float, str, float]]]
+    ],
+    recommended: Sequence[HostRecommendation],
+    command: str,
+) -> str:
+    """The page on emulated hosts: bytes, link rate, held-out, ordering."""
+    link = rows[0].link_rate
+    payload_rate = recovered_rate(constants, 1.0)
+    counted_rate = recovered_rate(constants, overhead)
+    framed_rate = recovered_rate(constants, overhead * FRAME_OVERHEAD)
+    lines = [
+        "# Cost model on emulated hosts: link rate and held-out predictions",
+        "",
+        f"Written by `{command}`",
+        "(`tf_crossdevice.cost_model`, counts in",
+        "`tf_crossdevice/tuning/_traffic.py`). Measured: each candidate's",
+        "net median step time in the benchmark's records on emulated hosts",
+        "(one network namespace per host, its link shaped with `tc tbf` both",
+        "ways, one worker per host, each host an equal share of the",
+        "machine's cores), confirmation rounds where it was re-timed. The",
+        "loopback records are fitted apart (`cost_model.md`): there the",
+        "cores bound every transfer.",
+        "",
+        "## The model on links of known rate",
+        "",
+        "The wire is each host's bottleneck, so a step takes the bytes the",
+        "busiest host's link carries each way over the link's rate",
+        "(`beta_net` per byte), plus what the wire cannot hide:",
+        "",
+        "- `beta_incast` per byte a host receives from several senders at",
+        "  once beyond one sender's share (a reduction to one device's root,",
+        "  a shuffle's shard owners from 3 hosts on): flows converging on one",
+        "  shaped link lose throughput to each other.",
+        "- `beta_serial` per byte of the step's largest pack: a pack's own",
+        "  transfer cannot hide its reduction, casts and copies (other packs'",
+        "  transfers can), so one large pack (TF's MWMS default, an in-graph",
+        "  ring of one pack) pays its processing on top of the wire. A",
+        "  compressed collective's pack counts the group's messages every",
+        "  member decodes and sums once the all-gather is done (n x the",
+        "  pack). It is a per-core term: half a core takes twice as long.",
+        "- per message, per collective launched, per byte summed or copied,",
+        "  per graph op and per step, as on loopback; the per-core ones",
+        "  (gamma, delta, alpha_mem, beta_mem, beta_serial) divided by the",
+        "  host's cores (machine cores / hosts: the CPU quota).",
+        "",
+        "## Bytes on the busiest host's link",
+        "",
+        "`Traffic.net_bytes` is what the busiest worker sends, which in",
+        "every schedule equals what it receives: the bytes its link carries",
+        "each way. Against what the interfaces counted (the most any host",
+        "sent or received per call):",
+        "",
+        "| group | candidate | model MiB | measured MiB | measured / model |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    ratios = []
+    for row in rows:
+        modelled = model_bytes(row)
+        if not row.wire_bytes or modelled <= 0:
+            continue
+        ratios.append(row.wire_bytes / modelled)
+        lines.append(
+            f"| {row.group} | {row.candidate} | {_mib(modelled)} | "
+            f"{_mib(row.wire_bytes)} | {ratios[-1]:.3f} |"
+        )
+    lines += [
+        "",
+        f"Measured / model: {min(ratios):.3f} to {max(ratios):.3f}, median "
+        f"{overhead:.4f} (headers and gRPC framing: the counters see a",
+        "GSO packet's headers once).",
+        "",
+        "## Recovered link rate",
+        "",
+        "Every constant fitted to every candidate of every emulated group",
+        "(non-negative least squares on relative errors):",
+        "",
+        "| constant | value |",
+        "| --- | --- |",
+    ]
+    for name in cost_model.FIELDS:
+        lines.append(f"| {name} | {getattr(constants, name):.4g} |")
+    ok = abs(framed_rate / rate - 1) <= RATE_TOLERANCE
+    lines += [
+        "",
+        f"The links were shaped to {link} ({rate / 1e9:g} Gbit/s).",
+        "",
+        "| rate from beta_net, counting | Gbit/s | / shaped rate |",
+        "| --- | --- | --- |",
+        f"| payload bytes (the model's) | {payload_rate / 1e9:.3f} | "
+        f"{payload_rate / rate:.3f} |",
+        f"| bytes the interfaces counted (x {overhead:.4f}) | "
+        f"{counted_rate / 1e9:.3f} | {counted_rate / rate:.3f} |",
+        f"| L2 frames as tbf charges them, MTU {MTU} (x "
+        f"{FRAME_OVERHEAD:.4f} more) | {framed_rate / 1e9:.3f} | "
+        f"{framed_rate / rate:.3f} |",
+        "",
+        f"Target: within {RATE_TOLERANCE:.0%} of the shaped rate (tbf's "
+        f"count, the last row): **{'met' if ok else 'not met'}**.",
+        "",
+        "## Held out: another host count",
+        "",
+        "Constants fitted on the other host counts' groups only, then every",
+        "candidate of the held-out count predicted. No record has another",
+        "link rate, so a held-out rate cannot be checked yet.",
+        "",
+        f"| fitted on hosts | predicted hosts | candidates | within "
+        f"{HELD_OUT_TOLERANCE:.0%} | worst ratio | worst candidate | "
+        "rate from that fit / shaped |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for others, h, test in held_out:
+        worst = max(test, key=lambda r: abs(r.ratio - 1))
+        within = sum(abs(r.ratio - 1) <= HELD_OUT_TOLERANCE for r in test)
+        train = [r for r in rows if r.measurement.num_workers != h]
+        fitted_rate = recovered_rate(fit_link(train), overhead * FRAME_OVERHEAD)
+        lines.append(
+            f"| {', '.join(map(str, others))} | {h} | {len(test)} | "
+            f"{within} | {worst.ratio:.2f} | {worst.candidate} "
+            f"({_host_label(worst)}) | {fitted_rate / rate:.3f} |"
+        )
+    spread: dict[tuple[str, str], float] = {}
+    for name, a, b, ratio in repeats(rows):
+        spread[(name, a)] = spread[(name, b)] = max(ratio, 1 / ratio)
+    misses = [
+        r
+        for _, _, test in held_out
+        for r in test
+        if abs(r.ratio - 1) > HELD_OUT_TOLERANCE
+    ]
+    if misses:
+        lines += [
+            "",
+            f"Outside {HELD_OUT_TOLERANCE:.0%}, and whether the records",
+            "measured the same configuration elsewhere (slower / faster):",
+            "",
+            "| group | candidate | ratio | measured twice: spread |",
+            "| --- | --- | --- | --- |",
+        ]
+        for r in misses:
+            twice = spread.get((r.candidate, r.group))
+            lines.append(
+                f"| {r.group} | {r.candidate} | {r.ratio:.2f} | "
+                f"{'-' if twice is None else f'{twice:.2f}'} |"
+            )
+    lines += [
+        "",
+        "Every candidate (predicted / measured; ratio above 1: the model is",
+        "slower than the measurement):",
+        "",
+        "| predicted hosts | group | candidate | measured ms | predicted ms "
+        "| ratio |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for _, h, test in held_out:
+        for row in test:
+            lines.append(
+                f"| {h} | {row.group} | {row.candidate} | "
+                f"{_ms(row.measurement.seconds)} | {_ms(row.predicted)} | "
+                f"{row.ratio:.2f} |"
+            )
+    pairs = repeats(rows)
+    if pairs:
+        lines += [
+            "",
+            "## The records' own noise",
+            "",
+            "Candidates measured in two groups on the same configuration",
+            "(two records, or TF's MWMS at 1 and 2 local devices, which",
+            "keeps one replica per worker): no prediction can be nearer to",
+            "both than their spread allows.",
+            "",
+            "| candidate | group a | group b | a / b |",
+            "| --- | --- | --- | --- |",
+        ]
+        for name, a, b, ratio in pairs:
+            lines.append(f"| {name} | {a} | {b} | {ratio:.2f} |")
+    lines += [
+        "",
+        "## Ordering: the model's ranking against the measured one",
+        "",
+        "What autotune uses the model for: ordering the candidates it times",
+        "and pruning the slow ones. Per group, Spearman's rank correlation",
+        "of predicted against measured times, the model's top pick, and the",
+        "measured best time over the top pick's measured time (1.00: it",
+        "picks the fastest).",
+        "",
+        "| constants | group | candidates | Spearman | top pick | best / "
+        "pick's time |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for title, table in orderings:
+        for group, count, rho, pick, fraction in table:
+            lines.append(
+                f"| {title} | {group} | {count} | {rho:.2f} | {pick} | "
+                f"{fraction:.2f} |"
+            )
+    lines += [
+        "",
+        "## Every candidate, fitted on every host count",
+        "",
+        "| group | candidate | measured ms | predicted ms | ratio |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.group} | {row.candidate} | "
+            f"{_ms(row.measurement.seconds)} | {_ms(row.predicted)} | "
+            f"{row.ratio:.2f} |"
+        )
+    lines += [
+        "",
+        "## Recommended configurations for 64 to 1024 hosts",
+        "",
+        "`cost_model.recommend` with these constants at the shaped rate",
+        "(`cost_model.constants_for_link` ships them). What it assumes:",
+        "",
+        f"- every host's link runs at {link} each way into a switch that",
+        "  never blocks, and the wire stays the bottleneck;",
+        "- one worker per host with 1 or 8 devices, one core per device (the",
+        "  per-core terms divided by the host's cores);",
+        "- the per-message, per-collective, incast and per-pack terms are",
+        "  what at most 4 hosts with 1 or 2 devices each measured. At 64 to",
+        "  1024 hosts the latency terms grow with the host count, so these",
+        "  rows extrapolate them: "
+        + ", ".join(
+            f"{name} fitted {getattr(constants, name):.3g} s"
+            for name in LATENCY_TERMS
+        )
+        + ". A term fitted 0 makes a latency-bound schedule (a ring of",
+        "  2(p-1) steps per tensor) look as cheap as a bandwidth-bound one,",
+        "  so the last two columns repeat the search with each of them at",
+        "  least the loopback fit's (the same machine's gRPC per-message",
+        "  costs, `DEFAULT_CONSTANTS`);",
+        "- no compression (a user opts in).",
+        "",
+        "Read them as what the fitted terms imply, not as measurements.",
+        "",
+        "| workload | hosts | devices per host | config, as fitted | "
+        "predicted ms | config, loopback per-message terms | predicted ms |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for workload, workers, k, config, seconds, floor, floor_s in recommended:
+        lines.append(
+            f"| {workload} | {workers} | {k} | {_config_text(config)} | "
+            f"{_ms(seconds)} | {_config_text(floor)} | {_ms(floor_s)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def emulated_main(paths: Sequence[pathlib.Path], command: str) -> str:
+    """The emulated hosts' fit and its page (`hosts_report`)."""
+    rows = read_rows(paths, emulated=True)
+    if not rows:
+        raise ValueError(
+            "records: no group on emulated hosts (with a link_rate) among "
+            + ", ".join(map(str, paths))
+        )
+    rates = {hosts_lib.parse_rate(r.link_rate or "") for r in rows}
+    if len(rates) != 1:
+        raise ValueError(
+            f"records: the emulated groups' links ran at {sorted(rates)} "
+            "bits/s; fit one rate at a time"
+        )
+    (rate,) = rates
+    constants = fit_link(rows)
+    predict_rows(rows, constants)
+    overhead = wire_overhead(rows)
+    held_out = held_out_by_hosts(rows)
+    loopback = [dataclasses.replace(r) for r in rows]
+    predict_rows(loopback, cost_model.DEFAULT_CONSTANTS)
+    orderings = [
+        ("fitted on every host count", ordering(rows)),
+        (
+            "fitted without the group's host count",
+            ordering([r for _, _, test in held_out for r in test]),
+        ),
+        ("loopback defaults (autotune's today)", ordering(loopback)),
+    ]
+    recommended = host_recommendations(constants)
+    print(constants)
+    return hosts_report(
+        rows,
+        constants,
+        rate,
+        overhead,
+        held_out,
+        orderings,
+        recommended,
+        command,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("records", nargs="+", type=pathlib.Path)
     parser.add_argument("--output", type=pathlib.Path, default=None)
+    parser.add_argument(
+        "--emulated",
+        action="store_true",
+        help="fit the groups on emulated hosts (links of known rate) and "
+        "write their page; else the loopback groups",
+    )
     args = parser.parse_args(argv)
+    names = " ".join(str(p) for p in args.records)
+    if args.emulated:
+        command = f"python -m benchmarks.cost_fit --emulated {names}"
+        text = emulated_main(args.records, command)
+        if args.output:
+            args.output.write_text(text)
+        else:
+            sys.stdout.write(text)
+        return 0
     rows = read_rows(args.records)
     constants = cost_model.fit([r.measurement for r in rows])
     predict_rows(rows, constants)
     held_out = leave_one_group_out(rows)
     recommended = recommendations(constants)
-    names = " ".join(str(p) for p in args.records)
     command = f"python -m benchmarks.cost_fit {names}"
     scopes = [
         ("every record together (the constants above)", scope_summary(rows))

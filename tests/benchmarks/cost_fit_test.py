@@ -4,6 +4,8 @@ benchmark runs from what the model's form cannot express."""
 import dataclasses
 import pathlib
 
+import pytest
+
 from benchmarks import cost_fit
 from tf_crossdevice.tuning import cost_model
 
@@ -86,3 +88,85 @@ def test_report_tables_the_scopes():
     text = cost_fit.report(rows, BASE, {}, [], "cmd", scopes)
     assert "(8 constants for 9 to 9 candidates)" in " ".join(text.split())
     assert "| each record alone | 6 of 6 | 6 of 6 | 54 of 54 |" in text
+
+
+# --- emulated hosts: the shipped records ----------------------------------
+
+HOST_RECORDS = [
+    REPO / "docs/benchmark/hosts_1gbit.json",
+    REPO / "docs/benchmark/hosts_collectives_1gbit.json",
+]
+SHAPED_RATE = 1e9  # the records' links: tc tbf ... rate 1gbit
+
+
+def _host_rows() -> list[cost_fit.Row]:
+    return cost_fit.read_rows(HOST_RECORDS, emulated=True)
+
+
+def test_emulated_rows_are_read_apart_from_loopback_ones():
+    rows = _host_rows()
+    assert {r.measurement.num_workers for r in rows} == {2, 3, 4}
+    # 2 cores shared by p hosts.
+    for r in rows:
+        m = r.measurement
+        assert m.cores_per_worker == pytest.approx(2 / m.num_workers)
+        assert r.link_rate == "1gbit"
+    assert cost_fit.read_rows(HOST_RECORDS) == []
+
+
+def test_model_bytes_match_what_each_hosts_link_carried():
+    # The interfaces count headers and gRPC framing too: under 1% more.
+    rows = [r for r in _host_rows() if r.wire_bytes]
+    assert len(rows) >= 50
+    for r in rows:
+        ratio = r.wire_bytes / cost_fit.model_bytes(r)
+        assert 1.0 <= ratio <= 1.01, (r.group, r.candidate, ratio)
+
+
+def test_fit_on_emulated_hosts_recovers_the_shaped_link_rate():
+    rows = _host_rows()
+    overhead = cost_fit.wire_overhead(rows) * cost_fit.FRAME_OVERHEAD
+    rate = cost_fit.recovered_rate(cost_fit.fit_link(rows), overhead)
+    assert abs(rate / SHAPED_RATE - 1) <= 0.10, rate
+
+
+def test_fitted_on_2_and_3_hosts_predicts_every_candidate_at_4():
+    held_out = {
+        h: test for _, h, test in cost_fit.held_out_by_hosts(_host_rows())
+    }
+    assert len(held_out[4]) == 12
+    misses = [
+        (r.candidate, round(r.ratio, 2))
+        for r in held_out[4]
+        if abs(r.ratio - 1) > 0.20
+    ]
+    assert misses == []
+
+
+def test_fitted_on_2_and_4_hosts_predicts_every_candidate_at_3():
+    held_out = {
+        h: test for _, h, test in cost_fit.held_out_by_hosts(_host_rows())
+    }
+    misses = [
+        (r.candidate, round(r.ratio, 2))
+        for r in held_out[3]
+        if abs(r.ratio - 1) > 0.20
+    ]
+    assert misses == []
+
+
+def test_shipped_link_constants_are_the_fit_of_the_shipped_records():
+    fitted = cost_fit.fit_link(_host_rows())
+    shipped = cost_model.constants_for_link(SHAPED_RATE)
+    for name in cost_model.FIELDS:
+        assert getattr(shipped, name) == pytest.approx(
+            getattr(fitted, name), rel=1e-3, abs=1e-15
+        ), name
+
+
+def test_spearman_on_hand_worked_ranks():
+    # Ranks (1, 2, 3, 4) against (2, 1, 4, 3): d^2 sums to 4,
+    # rho = 1 - 6 * 4 / (4 * 15) = 0.6.
+    assert cost_fit.spearman([1, 2, 3, 4], [20, 10, 40, 30]) == pytest.approx(
+        0.6
+    )

@@ -19,7 +19,24 @@ Conventions, shared by every function here:
   Gropp's sense. Workers run in parallel, so a step takes the busiest
   worker's time.
 - Messages and bytes count what the worker SENDS; in every schedule here a
-  worker receives as much as it sends (links are full duplex).
+  worker receives as much as it sends (links are full duplex). So
+  `net_bytes` is what the busiest worker's network link carries in each
+  direction: on links of known rate (hosts whose wire is the bottleneck)
+  `net_bytes / rate` is the step's wire time. It is neither a total over
+  workers nor an average: for the shuffle it is the shard owners' bytes,
+  for a reduction to one device the root's.
+- `incast_bytes` counts what the busiest worker receives while several
+  workers send to it at once, beyond one sender's share: a root that
+  gathers `b` bytes from `s` senders at once counts `(s-1)/s b`. Senders
+  converging on one link share its queue and lose throughput to each
+  other (TCP incast); rings and halving-doubling, one sender at a time,
+  count none.
+- `serial_bytes` is the size of the step's largest pack (set by
+  `cost_model.traffic_of`): a pack's own transfer cannot hide its
+  reduction and copies, other packs' transfers can, so the largest pack's
+  processing stays on the critical path. A pack that a group of n
+  all-gathers compressed counts n times its size: every member decodes
+  the n messages to full precision and sums them after the gather.
 - `reduce_bytes` counts bytes summed: adding two `b`-byte tensors reduces
   `b` bytes, an `add_n` of `m` of them `(m - 1) b`.
 - `ops` counts graph ops the worker runs besides the transfers (a transfer
@@ -57,6 +74,8 @@ class Traffic:
     reduce_bytes: float = 0.0
     ops: float = 0.0
     collectives: float = 0.0  # collective all-reduce ops launched
+    incast_bytes: float = 0.0  # received from several senders at once
+    serial_bytes: float = 0.0  # the largest pack (see the module docstring)
 
     def __add__(self, other: Traffic) -> Traffic:
         return Traffic(
@@ -101,6 +120,7 @@ class Traffic:
         return dataclasses.replace(
             self,
             net_bytes=self.net_bytes * wire_ratio,
+            incast_bytes=self.incast_bytes * wire_ratio,
             mem_bytes=self.mem_bytes * wire_ratio,
             reduce_bytes=self.reduce_bytes + 2 * sent,
             ops=self.ops + cast_ops * messages,
@@ -109,6 +129,16 @@ class Traffic:
 
 _COUNTS = tuple(f.name for f in dataclasses.fields(Traffic))
 NONE = Traffic()
+
+
+def incast(num_bytes: float, senders: int) -> float:
+    """The incast share of `num_bytes` received from `senders` workers at
+    once: all of it but one sender's share.
+
+    >>> incast(300.0, 3), incast(300.0, 1)
+    (200.0, 0.0)
+    """
+    return num_bytes * (senders - 1) / senders if senders > 1 else 0.0
 
 
 def _check(n: int, k: int) -> int:
@@ -258,7 +288,11 @@ def shuffle(
             t = t.send(k - 1, (k - 1) * piece, network=False)
             t = t.send(k - 1, (k - 1) * piece, network=False)
             t = t.send(n - k, (n - k) * piece, network=True)
-            t += Traffic(reduce_bytes=(n - 1) * piece, ops=1)
+            # The other workers' pieces arrive at once.
+            gathered = incast((n - k) * piece, workers - 1)
+            t += Traffic(
+                reduce_bytes=(n - 1) * piece, ops=1, incast_bytes=gathered
+            )
         else:
             t = t.send(k, k * piece, network=True)
     return t
@@ -268,8 +302,10 @@ def shuffle(
 def one_device(size: float, n: int, k: int) -> Traffic:
     """Reduction to one device (device 0): `n - 1` messages in, an
     `add_n`, `n - 1` messages out; all on worker 0."""
-    _check(n, k)
-    t = Traffic(reduce_bytes=(n - 1) * size, ops=1 + k)
+    workers = _check(n, k)
+    # Every other worker sends its tensors to the root at once.
+    gathered = incast((n - k) * size, workers - 1)
+    t = Traffic(reduce_bytes=(n - 1) * size, ops=1 + k, incast_bytes=gathered)
     t = t.send(2 * (k - 1), 2 * (k - 1) * size, network=False)
     return t.send(n - k, (n - k) * size, network=True)
 
@@ -329,7 +365,7 @@ def pack_traffic(
     (a copy). One member is only reshaped.
 
     >>> pack_traffic([4.0, 8.0], num_packs=1, devices=2)
-    Traffic(net_messages=0.0, net_bytes=0.0, mem_messages=0.0, mem_bytes=0.0, copy_bytes=24.0, reduce_bytes=0.0, ops=12, collectives=0.0)
+    Traffic(net_messages=0.0, net_bytes=0.0, mem_messages=0.0, mem_bytes=0.0, copy_bytes=24.0, reduce_bytes=0.0, ops=12, collectives=0.0, incast_bytes=0.0, serial_bytes=0.0)
     """  # noqa: E501
     m = len(member_bytes)
     size = math.fsum(member_bytes)

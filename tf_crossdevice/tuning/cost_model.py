@@ -19,9 +19,14 @@ Communication Operations in MPICH", 2005), per worker process:
             + gamma * (bytes reduced + bytes copied) + delta * graph ops
             + alpha_collective * collectives launched across workers
             + step
+            + beta_incast * bytes received from several senders at once
+            + beta_serial * bytes of the largest pack
 
 where "memory" is a transfer between logical devices of one process and
-"network" one between worker processes; "bytes copied" are the memcpys
+"network" one between worker processes (its bytes are what the busiest
+worker's link carries each way, so on hosts whose link of known rate is
+the bottleneck `beta_net` is the inverse of the rate the payload gets:
+`constants_for_link`); "bytes copied" are the memcpys
 of packing and flattening (a concatenation, a pad); `step` is a fixed
 cost per all-reduce step. The counts come from
 `tf_crossdevice.tuning._traffic` and follow the builders:
@@ -95,8 +100,10 @@ __all__ = [
     "FIELDS",
     "Gradients",
     "ITEMSIZE",
+    "LOOPBACK_FIELDS",
     "Measurement",
     "candidates",
+    "constants_for_link",
     "features",
     "fit",
     "nnls",
@@ -136,7 +143,9 @@ class Constants:
 
     Attributes:
         alpha_net: per message between worker processes.
-        beta_net: per byte between worker processes.
+        beta_net: per byte between worker processes: on links of known
+            rate (emulated or real hosts whose wire is the bottleneck),
+            the inverse of the rate the payload gets (`constants_for_link`).
         alpha_mem: per message between logical devices of one process.
         beta_mem: per byte sent between logical devices of one process
             (TensorFlow shares the buffer, so it fits near 0).
@@ -149,6 +158,16 @@ class Constants:
             inside one process a launch is an ordinary op).
         step: per all-reduce step, whatever it does (dispatching the
             step's graph; it dominates steps of a few milliseconds).
+        beta_incast: per byte a worker receives from several senders at
+            once beyond one sender's share (`Traffic.incast_bytes`): the
+            throughput a shaped link loses when flows converge on it.
+        beta_serial: per byte of the step's largest pack, whose processing
+            its own transfer cannot hide (`Traffic.serial_bytes`).
+
+    The last two are fitted on links of known rate only; the loopback
+    defaults leave them 0. The per-core terms (alpha_mem, beta_mem, gamma,
+    delta, beta_serial) are divided by `cores_per_worker` where a caller
+    gives one (hosts with a share of a core, `predict`).
     """
 
     alpha_net: float
@@ -159,31 +178,48 @@ class Constants:
     delta: float
     alpha_collective: float
     step: float
+    beta_incast: float = 0.0
+    beta_serial: float = 0.0
 
-    def seconds(self, t: Traffic) -> float:
-        """The time of counts `t`."""
+    def seconds(
+        self, t: Traffic, cores_per_worker: float | None = None
+    ) -> float:
+        """The time of counts `t` (per-core terms over `cores_per_worker`)."""
+        counts = features(t, cores_per_worker)
         return float(
-            self.alpha_net * t.net_messages
-            + self.beta_net * t.net_bytes
-            + self.alpha_mem * t.mem_messages
-            + self.beta_mem * t.mem_bytes
-            + self.gamma * (t.reduce_bytes + t.copy_bytes)
-            + self.delta * t.ops
-            + self.alpha_collective * t.collectives
-            + self.step
+            sum(
+                getattr(self, name) * count
+                for name, count in zip(FIELDS, counts, strict=True)
+            )
         )
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Constants))
+# What the loopback benchmark can tell apart, and what `DEFAULT_CONSTANTS`
+# and `fit` by default fit: on loopback the cores, not a wire, bound every
+# transfer, so neither incast nor a pack's serial processing shows apart
+# from gamma and delta.
+LOOPBACK_FIELDS = FIELDS[:8]
+# Terms that a core does (a share of a core takes proportionally longer);
+# the others are the wire's or the runtime's round trips.
+_PER_CORE = frozenset(
+    {"alpha_mem", "beta_mem", "gamma", "delta", "beta_serial"}
+)
 
 
-def features(t: Traffic) -> tuple[float, ...]:
+def features(
+    t: Traffic, cores_per_worker: float | None = None
+) -> tuple[float, ...]:
     """The counts that multiply each of `Constants`' fields, in order.
 
+    Per-core counts are divided by `cores_per_worker` when given.
+
     >>> features(Traffic(net_messages=2, copy_bytes=8, mem_bytes=1, ops=3))
-    (2, 0.0, 0.0, 1, 8.0, 3, 0.0, 1.0)
+    (2, 0.0, 0.0, 1, 8.0, 3, 0.0, 1.0, 0.0, 0.0)
+    >>> features(Traffic(ops=3, serial_bytes=10), cores_per_worker=0.5)[5:]
+    (6.0, 0.0, 1.0, 0.0, 20.0)
     """
-    return (
+    counts = (
         t.net_messages,
         t.net_bytes,
         t.mem_messages,
@@ -192,15 +228,25 @@ def features(t: Traffic) -> tuple[float, ...]:
         t.ops,
         t.collectives,
         1.0,
+        t.incast_bytes,
+        t.serial_bytes,
+    )
+    if cores_per_worker is None:
+        return counts
+    cores = checks.positive_number(cores_per_worker, "cores_per_worker")
+    return tuple(
+        c / cores if name in _PER_CORE else c
+        for name, c in zip(FIELDS, counts, strict=True)
     )
 
 
-# Fitted by `python -m benchmarks.cost_fit docs/benchmark/*.json` (`fit` on
-# every verified, timed candidate of the benchmark's records), so that the
-# model ranks configurations as the measured steps on the benchmark's
-# machine (logical CPU devices, loopback gRPC workers) rank them;
-# docs/benchmark/cost_model.md gives the fit's errors per group. Other
-# hardware needs its own `fit`.
+# Fitted by `python -m benchmarks.cost_fit` on the loopback records that
+# docs/benchmark/cost_model.md names (`fit` on every verified, timed
+# candidate of their groups), so that the model ranks configurations as
+# the measured steps on the benchmark's machine (logical CPU devices,
+# loopback gRPC workers) rank them; that page gives the fit's errors per
+# group. Other hardware needs its own `fit`; hosts on links of known rate,
+# `constants_for_link`.
 DEFAULT_CONSTANTS = Constants(
     alpha_net=1.521e-04,
     beta_net=4.763e-09,
@@ -212,6 +258,65 @@ DEFAULT_CONSTANTS = Constants(
     step=2.111e-03,
 )
 
+# Fitted by `python -m benchmarks.cost_fit --emulated` (`fit` of every
+# field) on the records docs/benchmark/cost_model_hosts.md names, made on
+# the benchmark's emulated hosts: one network namespace per host, links
+# shaped to `_EMULATED_RATE` bits/s both ways, each host an equal share of
+# the machine's cores; the per-core terms are per whole core. That page
+# gives the recovered link rate and the held-out predictions.
+_EMULATED_RATE = 1e9
+_EMULATED = Constants(
+    alpha_net=0.0,
+    beta_net=8.688e-09,
+    alpha_mem=0.0,
+    beta_mem=1.122e-10,
+    gamma=0.0,
+    delta=0.0,
+    alpha_collective=0.0,
+    step=0.0,
+    beta_incast=5.585e-09,
+    beta_serial=4.225e-09,
+)
+# Terms in wire time: they scale with the link's rate.
+_PER_WIRE_BYTE = ("beta_net", "beta_incast")
+
+
+def constants_for_link(rate_bits_per_s: float) -> Constants:
+    """Constants for hosts joined by links of `rate_bits_per_s`.
+
+    The constants fitted on the benchmark's emulated hosts (links shaped
+    with `tc tbf`, one worker per host), with the per-byte wire terms
+    (beta_net, beta_incast) scaled from the fitted link's rate to this
+    one; the per-core terms are per whole core, so pass `predict` and
+    `recommend` each worker's `cores_per_worker`.
+
+    Assumptions, to read any prediction with: the wire is each host's
+    bottleneck (a rate far above what the fitting links carried makes the
+    per-core and per-message terms dominate, which were fitted only where
+    they were not); the per-message, per-collective and incast terms were
+    fitted on at most 4 hosts with 1 or 2 devices each; full-duplex links
+    into a switch that never blocks (no oversubscription, no shared
+    uplinks); no latency beyond what the fitted hosts had (a bridge on one
+    machine: microseconds).
+
+    Args:
+        rate_bits_per_s: each host's link rate each way, bits per second
+            (as `tc` reads '1gbit': 1e9).
+
+    Raises:
+        ValueError: a rate that is not a positive number.
+
+    >>> c = constants_for_link(10e9)
+    >>> round(constants_for_link(1e9).beta_net / c.beta_net, 6)
+    10.0
+    """
+    rate = checks.positive_number(rate_bits_per_s, "rate_bits_per_s")
+    scale = _EMULATED_RATE / rate
+    return dataclasses.replace(
+        _EMULATED,
+        **{name: getattr(_EMULATED, name) * scale for name in _PER_WIRE_BYTE},
+    )
+
 
 class Measurement(NamedTuple):
     """One measured configuration: what `fit` takes."""
@@ -221,6 +326,9 @@ class Measurement(NamedTuple):
     devices_per_worker: int
     num_workers: int
     seconds: float
+    # Each worker's share of the cores (hosts with a CPU quota); None: the
+    # constants absorb it (loopback workers sharing one machine).
+    cores_per_worker: float | None = None
 
 
 # --- configurations -----------------------------------------------------
@@ -439,7 +547,7 @@ def _packed_traffic(
     n: int,
     k: int,
     compression: str | None,
-) -> Traffic:
+) -> tuple[Traffic, int]:
     packs, groups = _plan_packs(tensors, kwargs)
     total = traffic.NONE
     for member_bytes, num_packs in groups:
@@ -449,7 +557,7 @@ def _packed_traffic(
         chosen = spec_lib.select_range(ranges, pack.num_bytes)
         t = _algorithm(chosen.alg, pack.num_bytes, n, k, chosen.shards)
         total += _compress(t, pack.dtype, compression).scaled(count)
-    return total
+    return total, max(pack.num_bytes for pack in packs)
 
 
 def _bytes_per_pack(options: object, argument: str) -> int:
@@ -469,7 +577,7 @@ def _collective_traffic(
     k: int,
     hierarchical: bool,
     compression: str | None,
-) -> Traffic:
+) -> tuple[Traffic, int]:
     """TensorFlow's RING collective per pack, around flatten/unflatten.
 
     The ring is one kernel per device (no graph op per step); its CPU
@@ -488,15 +596,21 @@ def _collective_traffic(
         and codec.gather_compression_pays(group)
     )
     launched = Traffic(collectives=1 if workers > 1 else 0)
+    largest = 0.0
     for pack in packs:
         size = float(sum(tensors[i].num_bytes for i in pack))
         dtype = tensors[pack[0]].dtype
+        # What the pack's processing handles once its transfer is done: the
+        # pack; or, gathered compressed, the `group` messages every member
+        # decodes to full precision and sums.
+        gathered = gathers and dtype in COMPRESSIBLE
+        largest = max(largest, size * group if gathered else size)
         t = traffic.pack_traffic(
             [float(tensors[i].num_bytes) for i in pack], 1, k
         )
         if hierarchical and k > 1:
             t += traffic.one_device(size, k, k)
-        if gathers and dtype in COMPRESSIBLE:
+        if gathered:
             ratio = 2 / ITEMSIZE[dtype]
             extra = 0 if compression == "bf16" else 2 * group  # fp16 scales
             t += traffic.compressed_gather(size, group, members_here, ratio)
@@ -504,7 +618,7 @@ def _collective_traffic(
         else:
             t += traffic.ring(size, group, members_here, 1, 0, 1, 1)
         total += t + launched
-    return total
+    return total, int(largest)
 
 
 def traffic_of(
@@ -527,7 +641,19 @@ def traffic_of(
     tensors = _check_gradients(gradients)
     k = checks.positive_int(devices_per_worker, "devices_per_worker")
     workers = checks.positive_int(num_workers, "num_workers")
-    n = k * workers
+    t, largest_pack = _step_traffic(name, kwargs, tensors, workers * k, k)
+    return dataclasses.replace(t, serial_bytes=float(largest_pack))
+
+
+def _step_traffic(
+    name: str,
+    kwargs: dict[str, Any],
+    tensors: list[_Tensor],
+    n: int,
+    k: int,
+) -> tuple[Traffic, int]:
+    """The busiest worker's counts, and the largest pack's bytes."""
+    workers = n // k
     compression = _compression(kwargs.get("compression"))
     if name in ("SpecAllReduce", "MultiWorkerAllReduce"):
         ranges = spec_lib.parse_all_reduce_spec(
@@ -556,7 +682,7 @@ def traffic_of(
         for t, count in collections.Counter(tensors).items():
             one = traffic.one_device(float(t.num_bytes), n, k)
             total += _compress(one, t.dtype, compression).scaled(count)
-        return total
+        return total, max(t.num_bytes for t in tensors)
     options = kwargs.get("options")
     bytes_per_pack = _bytes_per_pack(options, "options")
     sizes = [t.num_bytes for t in tensors]
@@ -600,6 +726,7 @@ def predict(
     devices_per_worker: int,
     num_workers: int = 1,
     constants: Constants | None = None,
+    cores_per_worker: float | None = None,
 ) -> float:
     """Predicted seconds per all-reduce step of `gradients` by `config`.
 
@@ -612,6 +739,9 @@ def predict(
         devices_per_worker: replicas (devices) in each worker process.
         num_workers: worker processes.
         constants: the model's constants (default `DEFAULT_CONSTANTS`).
+        cores_per_worker: each worker's cores, dividing the per-core terms
+            (None: the constants as fitted; with `constants_for_link`,
+            whose per-core terms are per whole core, pass it).
 
     Returns:
         Seconds, the busiest worker's time.
@@ -637,7 +767,7 @@ def predict(
         devices_per_worker=devices_per_worker,
         num_workers=num_workers,
     )
-    return (constants or DEFAULT_CONSTANTS).seconds(t)
+    return (constants or DEFAULT_CONSTANTS).seconds(t, cores_per_worker)
 
 
 # --- fitting ------------------------------------------------------------
@@ -682,22 +812,26 @@ def fit(
     measurements: Iterable[Measurement | tuple],
     *,
     relative: bool = True,
+    fields: Sequence[str] = LOOPBACK_FIELDS,
 ) -> Constants:
     """Fits `Constants` to measured steps by non-negative least squares.
 
     Args:
         measurements: `Measurement`s or tuples `(config, gradients,
-            devices_per_worker, num_workers, seconds)`.
+            devices_per_worker, num_workers, seconds[, cores_per_worker])`.
         relative: minimise squared relative errors (each row divided by
             its seconds), so fast and slow steps weigh alike; else
             absolute errors.
+        fields: the constants to fit (the others are 0): by default those
+            loopback measurements tell apart (`LOOPBACK_FIELDS`); `FIELDS`
+            for hosts on links of known rate.
 
     Returns:
         The constants; a field no measurement exercises is 0.
 
     Raises:
-        ValueError: no measurements, a non-positive time, or a config
-            `predict` rejects.
+        ValueError: no measurements, a non-positive time, an unknown field,
+            or a config `predict` rejects.
 
     >>> grads = [((1000,), "float32")] * 10
     >>> rows = [(("SpecAllReduce", {"all_reduce_spec": s, "num_packs": p}),
@@ -712,6 +846,14 @@ def fit(
     """
     import numpy as np
 
+    chosen = []
+    for field in fields:
+        if field not in FIELDS:
+            raise ValueError(
+                f"fields: unknown constant {field!r}; expected some of "
+                f"{', '.join(FIELDS)}"
+            )
+        chosen.append(FIELDS.index(field))
     rows, times = [], []
     for i, m in enumerate(measurements):
         m = Measurement(*m)
@@ -722,7 +864,8 @@ def fit(
             devices_per_worker=m.devices_per_worker,
             num_workers=m.num_workers,
         )
-        rows.append(features(t))
+        counts = features(t, m.cores_per_worker)
+        rows.append([counts[j] for j in chosen])
         times.append(seconds)
     if not rows:
         raise ValueError("measurements: expected at least one")
@@ -733,7 +876,10 @@ def fit(
     scale = np.linalg.norm(a, axis=0)
     scale[scale == 0] = 1.0
     x = nnls(a / scale, b) / scale
-    return Constants(*(float(v) for v in x))
+    values = dict.fromkeys(FIELDS, 0.0)
+    for j, value in zip(chosen, x, strict=True):
+        values[FIELDS[j]] = float(value)
+    return Constants(**values)
 
 
 # --- recommendation -----------------------------------------------------
@@ -770,8 +916,22 @@ def recommend(
     num_workers: int,
     devices_per_worker: int = 1,
     constants: Constants | None = None,
+    cores_per_worker: float | None = None,
 ) -> tuple[Config, float]:
     """The fastest of `candidates` by `predict`, and its predicted seconds.
+
+    What the answer assumes, for a cluster far larger than any measured
+    one: the constants' machine (the loopback defaults: the benchmark's
+    2-core machine, where the cores bound every transfer; or
+    `constants_for_link(rate)`: hosts whose link of that rate is the
+    bottleneck, a non-blocking switch, one worker per host); every worker
+    has `devices_per_worker` replicas and `cores_per_worker` cores; and the
+    per-message, per-collective, incast and per-pack terms keep the values
+    fitted on at most 4 workers (so for 64 to 1024 workers the latency
+    terms, which grow with the worker count, are extrapolated, and any
+    that fitted 0 make latency-bound algorithms look no better than
+    bandwidth-bound ones). No compression: it changes the numbers, so
+    the caller opts in.
 
     Args:
         gradients: `(shape, dtype_name)` per tensor of one replica.
@@ -779,6 +939,7 @@ def recommend(
             friends; more: `MultiWorkerAllReduce` or the collectives).
         devices_per_worker: replicas in each worker process.
         constants: default `DEFAULT_CONSTANTS`.
+        cores_per_worker: as `predict`.
 
     Returns:
         `(config, seconds)`. A single-worker config builds with
@@ -805,6 +966,7 @@ def recommend(
             devices_per_worker=k,
             num_workers=workers,
             constants=constants,
+            cores_per_worker=cores_per_worker,
         )
         if best is None or seconds < best[0]:
             best = (seconds, i, config)

@@ -1,0 +1,241 @@
+"""The cost model on links of known rate: per-host bytes, incast, the
+largest pack, and recovering a link's rate from step times (no TF ops).
+
+Every expected number here is worked out by hand from the schedules, for
+one tensor of S bytes on p workers with one device each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tf_crossdevice.tuning import cost_model
+
+S = 1_200_000  # bytes: 300,000 float32 elements, divisible by 2, 3, 4, 8
+ONE_TENSOR = [((S // 4,), "float32")]
+TWO_HALVES = [((S // 8,), "float32")] * 2
+
+
+def mwar(spec, **kwargs):
+    return ("MultiWorkerAllReduce", {"all_reduce_spec": spec, **kwargs})
+
+
+def traffic(config, workers, devices=1, grads=ONE_TENSOR):
+    return cost_model.traffic_of(
+        config, grads, devices_per_worker=devices, num_workers=workers
+    )
+
+
+# (config, workers, devices, bytes the busiest host sends = receives).
+BUSIEST_HOST_BYTES = [
+    # Shuffle, 2 shards at 3 workers: worker 0 owns shard 0 (S/2); it sends
+    # shard 1 to worker 1 (S/2) and its summed shard to 2 others (S).
+    (mwar(("pscpu/pscpu", 2, -1)), 3, 1, 1.5 * S),
+    # 3 shards at 3 workers: 2 pieces of S/3 out, the sum to 2 others.
+    (mwar(("pscpu/pscpu", 3, -1)), 3, 1, 4 / 3 * S),
+    # 2 shards at 4 workers: S/2 out, the summed S/2 to 3 others.
+    (mwar(("pscpu/pscpu", 2, -1)), 4, 1, 2.0 * S),
+    (mwar(("pscpu/pscpu", 2, -1)), 2, 1, 1.0 * S),
+    # Ring: 2(p-1) chunks of S/p.
+    (mwar("xring"), 2, 1, 1.0 * S),
+    (mwar("xring"), 3, 1, 4 / 3 * S),
+    (mwar("xring"), 4, 1, 1.5 * S),
+    # bf16 halves the wire bytes.
+    (mwar(("pscpu/pscpu", 2, -1), compression="bf16"), 4, 1, 1.0 * S),
+    (mwar("xring", compression="bf16"), 3, 1, 2 / 3 * S),
+    # TF's in-graph reduction to one device: the root sends the sum to the
+    # p-1 others.
+    (("tf.ReductionToOneDevice", {}), 4, 1, 3.0 * S),
+    # TF's ring collective (one replica per worker).
+    (("tf.MultiWorkerMirroredStrategy", {}), 4, 1, 1.5 * S),
+    # Our flat collective at 2 workers x 2 devices: one ring over 4
+    # replicas, a worker's two in a row; each worker has one network hop
+    # per direction, that of one replica: 2(4-1)/4 S.
+    (("CollectiveAllReduce", {}), 2, 2, 1.5 * S),
+    # The hierarchical one reduces inside each worker first: a ring of 2.
+    (("HierarchicalCollectiveAllReduce", {}), 2, 2, 1.0 * S),
+    # Compressed collectives in groups of 3: one all-gather of the 3
+    # half-size messages, each member sends its own to 2 others.
+    (("CollectiveAllReduce", {"compression": "bf16"}), 3, 1, 1.0 * S),
+]
+
+
+@pytest.mark.parametrize(
+    "config, workers, devices, expected",
+    BUSIEST_HOST_BYTES,
+    ids=[f"{c[0]}-{c[1]}-{w}x{k}" for c, w, k, _ in BUSIEST_HOST_BYTES],
+)
+def test_net_bytes_are_what_the_busiest_hosts_link_carries(
+    config, workers, devices, expected
+):
+    t = traffic(config, workers, devices)
+    assert t.net_bytes == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "config, workers, expected",
+    [
+        # The root receives S from each of 3 senders at once: all but one
+        # sender's share.
+        (("tf.ReductionToOneDevice", {}), 4, 2.0 * S),
+        (("tf.ReductionToOneDevice", {}), 3, 1.0 * S),
+        (("tf.ReductionToOneDevice", {}), 2, 0.0),
+        # Shard 0's owner receives S/2 from each of 3 others.
+        (mwar(("pscpu/pscpu", 2, -1)), 4, 1.0 * S),
+        (mwar(("pscpu/pscpu", 2, -1)), 3, 0.5 * S),
+        (mwar(("pscpu/pscpu", 2, -1), compression="bf16"), 4, 0.5 * S),
+        # One sender at a time.
+        (mwar("xring"), 4, 0.0),
+        (mwar("rechd"), 4, 0.0),
+        (("tf.MultiWorkerMirroredStrategy", {}), 4, 0.0),
+    ],
+)
+def test_incast_bytes(config, workers, expected):
+    assert traffic(config, workers).incast_bytes == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "config, grads, workers, expected",
+    [
+        (mwar("xring", num_packs=1), TWO_HALVES, 2, S),
+        (mwar("xring"), TWO_HALVES, 2, S / 2),
+        (("tf.ReductionToOneDevice", {}), TWO_HALVES, 3, S / 2),
+        (("tf.MultiWorkerMirroredStrategy", {}), TWO_HALVES, 3, S),
+        # Gathered compressed in a group of 3: every member decodes the 3
+        # messages of the pack to full precision.
+        (
+            ("HierarchicalCollectiveAllReduce", {"compression": "bf16"}),
+            TWO_HALVES,
+            3,
+            3 * S,
+        ),
+    ],
+)
+def test_serial_bytes_are_the_largest_pack(config, grads, workers, expected):
+    t = traffic(config, workers, grads=grads)
+    assert t.serial_bytes == pytest.approx(expected)
+
+
+RATE = 1e9  # bits/s
+SECONDS_PER_WIRE_BYTE = 8 / RATE
+INCAST, SERIAL, STEP = 4e-9, 3e-9, 2e-3
+MACHINE_CORES = 2
+
+
+def hand_worked_rows():
+    """Step times on p hosts of a 2-core machine (2/p cores each), made
+    from hand-worked counts: wire bytes at 1 Gbit/s, incast bytes, the
+    largest pack over the host's cores, a fixed step."""
+    rows = []
+    for p in (2, 3, 4):
+        cores = MACHINE_CORES / p
+        cases = [
+            # (config, grads, wire bytes, incast bytes, largest pack)
+            (mwar("xring", num_packs=1), ONE_TENSOR, 2 * (p - 1) / p * S, 0, S),
+            (mwar("xring"), TWO_HALVES, 2 * (p - 1) / p * S, 0, S / 2),
+            (
+                mwar(("pscpu/pscpu", 2, -1)),
+                ONE_TENSOR,
+                {2: S, 3: 1.5 * S, 4: 2 * S}[p],
+                {2: 0, 3: S / 2, 4: S}[p],
+                S,
+            ),
+            (
+                ("tf.ReductionToOneDevice", {}),
+                ONE_TENSOR,
+                (p - 1) * S,
+                (p - 2) * S,
+                S,
+            ),
+        ]
+        for config, grads, wire, incast, largest in cases:
+            seconds = (
+                SECONDS_PER_WIRE_BYTE * wire
+                + INCAST * incast
+                + SERIAL * largest / cores
+                + STEP
+            )
+            rows.append(
+                cost_model.Measurement(config, grads, 1, p, seconds, cores)
+            )
+    return rows
+
+
+LINK_FIELDS = ("beta_net", "beta_incast", "beta_serial", "step")
+
+
+def test_fit_recovers_the_link_rate_of_hand_worked_steps():
+    fitted = cost_model.fit(hand_worked_rows(), fields=LINK_FIELDS)
+    assert 8 / fitted.beta_net == pytest.approx(RATE, rel=1e-6)
+    assert fitted.beta_incast == pytest.approx(INCAST, rel=1e-6)
+    assert fitted.beta_serial == pytest.approx(SERIAL, rel=1e-6)
+    assert fitted.step == pytest.approx(STEP, rel=1e-6)
+    for name in set(cost_model.FIELDS) - set(LINK_FIELDS):
+        assert getattr(fitted, name) == 0.0
+
+
+def test_fit_recovers_the_link_rate_within_a_few_percent_with_noise():
+    # Each configuration timed 8 times, each time within a few percent.
+    rng = np.random.default_rng(5)
+    rows = [
+        m._replace(seconds=m.seconds * (1 + 0.02 * rng.standard_normal()))
+        for m in hand_worked_rows() * 8
+    ]
+    fitted = cost_model.fit(rows, fields=LINK_FIELDS)
+    assert 8 / fitted.beta_net == pytest.approx(RATE, rel=0.05)
+
+
+def test_cores_per_worker_divides_only_the_per_core_terms():
+    c = cost_model.Constants(
+        alpha_net=1.0,
+        beta_net=0.0,
+        alpha_mem=0.0,
+        beta_mem=0.0,
+        gamma=0.0,
+        delta=2.0,
+        alpha_collective=0.0,
+        step=0.0,
+        beta_serial=4.0,
+    )
+    t = cost_model.Traffic(net_messages=3, ops=5, serial_bytes=7)
+    assert c.seconds(t) == 3 + 10 + 28
+    assert c.seconds(t, cores_per_worker=0.5) == 3 + 20 + 56
+
+
+def test_constants_for_link_scale_the_wire_terms_with_the_rate():
+    slow = cost_model.constants_for_link(1e9)
+    fast = cost_model.constants_for_link(25e9)
+    assert slow.beta_net == pytest.approx(25 * fast.beta_net)
+    assert slow.beta_incast == pytest.approx(25 * fast.beta_incast)
+    assert slow.beta_serial == fast.beta_serial
+    assert slow.step == fast.step
+    # On 1 Gbit/s links the wire costs within 10% of 8 ns per byte.
+    assert slow.beta_net == pytest.approx(8e-9, rel=0.10)
+    with pytest.raises(ValueError, match="rate_bits_per_s"):
+        cost_model.constants_for_link(0)
+
+
+def test_loopback_fit_leaves_the_link_only_terms_at_zero():
+    rows = [m._replace(cores_per_worker=None) for m in hand_worked_rows()]
+    fitted = cost_model.fit(rows)
+    assert fitted.beta_incast == 0.0 and fitted.beta_serial == 0.0
+
+
+def test_fit_names_an_unknown_field():
+    with pytest.raises(ValueError, match="fields: unknown constant 'beta'"):
+        cost_model.fit(hand_worked_rows(), fields=("beta",))
+
+
+def test_recommend_for_large_clusters_on_known_links():
+    grads = [((1000, 1000), "float32")] * 20 + [((64,), "float32")] * 100
+    for workers in (64, 1024):
+        config, seconds = cost_model.recommend(
+            grads,
+            num_workers=workers,
+            constants=cost_model.constants_for_link(10e9),
+            cores_per_worker=1,
+        )
+        # At least a bandwidth-optimal all-reduce's bytes at 10 Gbit/s.
+        wire = 2 * (workers - 1) / workers * 80e6 * 8 / 10e9
+        assert seconds >= 0.9 * wire, config

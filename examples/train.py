@@ -27,13 +27,22 @@ Modes:
 On real hosts run one command per host with the same --worker_hosts (see
 README.md). Bad flags and bad combinations exit with status 1 and a message
 naming the flag.
+
+Preemption: SIGTERM to any worker (or to this launcher, which passes it on
+to its workers; in_graph and mirrored: to the one training process) makes
+every worker stop at one agreed step, save a checkpoint there, print
+"preempted: checkpoint saved at step N of M" and exit 0. The same command
+with the same --model_dir resumes from that step to the weights of an
+uninterrupted run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +50,7 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import psutil  # noqa: E402
 import train_flags  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from train_flags import class_of, cluster_of, task_of  # noqa: E402
@@ -163,12 +173,11 @@ def run_mirrored(v: Any) -> int:
     print(f"mode=mirrored: {len(devices)} devices, {type(ops).__name__}")
     data = load_data(v)
     print(f"data: {data.description}", flush=True)
-    print(
-        train_loops.train_with_strategy(
-            strategy, loop_config(v, data), data, is_chief=True, task=0
-        ),
-        flush=True,
+    summary = train_loops.train_with_strategy(
+        strategy, loop_config(v, data), data, is_chief=True, task=0
     )
+    if summary:  # Empty when preempted.
+        print(summary, flush=True)
     return 0
 
 
@@ -221,7 +230,7 @@ def run_collective_worker(v: Any) -> int:
         is_chief=is_chief,
         task=index,
     )
-    if is_chief:
+    if is_chief and summary:  # Empty when preempted.
         print(summary, flush=True)
     return 0
 
@@ -260,10 +269,11 @@ def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
     with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
         data = load_data(v)
     print(f"data: {data.description}", flush=True)
-    print(
-        train_loops.train_in_graph(replicas, ops, loop_config(v, data), data),
-        flush=True,
+    summary = train_loops.train_in_graph(
+        replicas, ops, loop_config(v, data), data
     )
+    if summary:  # Empty when preempted.
+        print(summary, flush=True)
     return 0
 
 
@@ -298,6 +308,9 @@ def launch_collective(v: Any) -> int:
     ]
     start = time.perf_counter()
     print(f"starting {v.num_workers} local workers on 127.0.0.1", flush=True)
+    # A preemption notice to the job goes to every worker: they agree on a
+    # step, save there and exit 0, and this launcher with them.
+    signal.signal(signal.SIGTERM, _forward_to_workers)
     codes = launch.run_local_job(
         argv, v.num_workers, env={"PYTHONUNBUFFERED": "1"}
     )
@@ -308,6 +321,13 @@ def launch_collective(v: Any) -> int:
         flush=True,
     )
     return 1 if failed else 0
+
+
+def _forward_to_workers(signum: int, frame: Any) -> None:
+    del frame
+    for worker in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            worker.send_signal(signum)
 
 
 def launch_in_graph(v: Any) -> int:

@@ -11,6 +11,10 @@ workers' devices and all-reduces their gradients with
 
 Both save a checkpoint (weights, optimizer state, step) at every progress
 line and at the end, and resume from the latest one in the model folder.
+On SIGTERM (a preemption) to any worker, or to the in-graph controller,
+every worker stops at one agreed step
+(`tf_crossdevice.training.PreemptionWatcher`), saves a checkpoint there and
+returns; the next run resumes from it, mid-epoch in model.fit too.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import keras
@@ -90,6 +94,13 @@ def _checkpoint_dir(model_dir: str, is_chief: bool, task: int) -> str:
     return os.path.join(model_dir, ".scratch", f"task_{task}")
 
 
+def _preempted(step: int, steps: int) -> str:
+    return (
+        f"preempted: checkpoint saved at step {step} of {steps}; run the "
+        "same command again to resume"
+    )
+
+
 def train_with_strategy(
     strategy: tf.distribute.Strategy,
     config: Config,
@@ -98,7 +109,19 @@ def train_with_strategy(
     is_chief: bool,
     task: int,
 ) -> str:
-    """Trains under `strategy`; returns the closing summary."""
+    """Trains under `strategy`; returns the closing summary.
+
+    Preempted, every worker prints where it saved and this returns "".
+    """
+    # Before the model, whose variables the workers create together: a
+    # SIGTERM that any worker gets after the chief's first line is caught.
+    with tf_crossdevice.training.PreemptionWatcher(strategy) as watcher:
+        return _train_with_strategy(
+            strategy, config, data, is_chief, task, watcher
+        )
+
+
+def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     global_batch = config.batch_size
     with strategy.scope():
         model = build_model(config, data)
@@ -148,29 +171,38 @@ def train_with_strategy(
         if is_chief:
             print(f"checkpoint saved at step {step}", flush=True)
 
-    dataset = train_data.dataset(
-        data, global_batch, config.seed, start, config.steps
-    )
+    def dataset(first: int, stop: int) -> tf.data.Dataset:
+        return train_data.dataset(data, global_batch, config.seed, first, stop)
+
+    stopped = None
     if start < config.steps:
         if config.loop == "fit":
-            _fit(model, dataset, config, start, reporter, save)
-        elif config.accumulation_steps > 1:
-            _accumulating_loop(
-                strategy, model, optimizer, dataset, config, reporter, save
-            )
+            stopped = _fit(model, dataset, config, start, reporter, save,
+                           watcher)  # fmt: skip
         else:
-            _custom_loop(
-                strategy, model, optimizer, dataset, config, reporter, save
+            loop = (
+                _accumulating_loop
+                if config.accumulation_steps > 1
+                else _custom_loop
             )
+            stopped = _log_and_save(
+                loop(strategy, model, optimizer,
+                     dataset(start, config.steps), config),
+                start, config, global_batch, reporter, save, watcher,
+            )  # fmt: skip
+    if stopped is not None:
+        # Every worker says where it saved; the job's launcher prefixes it.
+        print(_preempted(stopped, config.steps), flush=True)
+        if not is_chief:
+            _remove_scratch(save_dir)
+        return ""
 
     replicas_equal = _replicas_equal(strategy, model)
     weights = [np.asarray(v.numpy()) for v in model.weights]
     eval_accuracy = _eval_accuracy(lambda x: model(x, training=False), data)
     reporter.write_eval(config.steps, eval_accuracy)
     if not is_chief:
-        shutil.rmtree(save_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):  # The last worker's to go.
-            os.rmdir(os.path.dirname(save_dir))
+        _remove_scratch(save_dir)
     return train_report.summary(
         reporter,
         eval_accuracy,
@@ -182,34 +214,68 @@ def train_with_strategy(
     )
 
 
-def _fit(model, dataset, config, start, reporter, save) -> None:
-    """model.fit, one Keras epoch per progress line."""
+def _remove_scratch(save_dir: str) -> None:
+    shutil.rmtree(save_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):  # The last worker's to go.
+        os.rmdir(os.path.dirname(save_dir))
+
+
+def _fit(model, dataset, config, start, reporter, save, watcher) -> int | None:
+    """model.fit, one Keras epoch per progress line; the step it stopped at
+    when preempted, else None.
+
+    A run that resumes from a preemption mid-epoch first fits the rest of
+    that epoch alone, on the batches from its step on.
+    """
 
     class Progress(keras.callbacks.Callback):
+        step = start
+        stopped = None
+
         def on_train_batch_end(self, batch, logs=None):
+            self.step += 1
             reporter.step_done()
+            if self.step < config.steps and watcher.should_stop():
+                self.stopped = self.step
+                self.model.stop_training = True
 
         def on_epoch_end(self, epoch, logs=None):
-            step = (epoch + 1) * config.log_every
-            reporter.record(step, float(logs["loss"]), float(logs["accuracy"]))
-            save(step)
+            if self.step % config.log_every == 0:
+                reporter.record(
+                    self.step, float(logs["loss"]), float(logs["accuracy"])
+                )
+            save(self.step)
 
     progress = Progress()
+    epoch_end = -(-start // config.log_every) * config.log_every
+    if start < epoch_end:
+        model.fit(
+            dataset(start, epoch_end),
+            epochs=1,
+            steps_per_epoch=epoch_end - start,
+            callbacks=[progress],
+            shuffle=False,
+            verbose=0,
+        )
+        if progress.stopped is not None or epoch_end == config.steps:
+            return progress.stopped
     model.fit(
-        dataset,
+        dataset(epoch_end, config.steps),
         epochs=config.steps // config.log_every,
-        initial_epoch=start // config.log_every,
+        initial_epoch=epoch_end // config.log_every,
         steps_per_epoch=config.log_every,
         callbacks=[progress],
         shuffle=False,
         verbose=0,
     )
+    return progress.stopped
 
 
 def _custom_loop(
-    strategy, model, optimizer, dataset, config, reporter, save
-) -> None:
-    """strategy.run steps; the optimizer all-reduces the gradients."""
+    strategy, model, optimizer, dataset, config
+) -> Iterator[tuple[Any, Any]]:
+    """strategy.run steps; the optimizer all-reduces the gradients. Each
+    step's summed loss and correct count, as the steps run."""
     loss_fn = _loss_fn()
     global_batch = config.batch_size
 
@@ -235,23 +301,17 @@ def _custom_loop(
             strategy.reduce("sum", correct, axis=None),
         )
 
-    _log_and_save(
-        (
-            step(inputs)
-            for inputs in strategy.experimental_distribute_dataset(dataset)
-        ),
-        reporter.start_step,
-        config,
-        global_batch,
-        reporter,
-        save,
+    return (
+        step(inputs)
+        for inputs in strategy.experimental_distribute_dataset(dataset)
     )
 
 
 def _accumulating_loop(
-    strategy, model, optimizer, dataset, config, reporter, save
-) -> None:
-    """strategy.run micro-steps; one all-reduce per global batch.
+    strategy, model, optimizer, dataset, config
+) -> Iterator[tuple[Any, Any]]:
+    """strategy.run micro-steps; one all-reduce per global batch. Each
+    update's summed loss and correct count, as the updates run.
 
     Each global batch is split into `accumulation_steps` micro-batches.
     Every replica sums its micro-batch gradients (and its loss and correct
@@ -307,24 +367,15 @@ def _accumulating_loop(
         return loss, correct
 
     def updates():
-        micro_batches = iter(
-            strategy.experimental_distribute_dataset(
-                dataset.rebatch(micro_batch)
-            )
+        micro_batches = strategy.experimental_distribute_dataset(
+            dataset.rebatch(micro_batch)
         )
-        for _ in range(config.steps - reporter.start_step):
-            for _ in range(k):
-                micro_step(next(micro_batches))
-            yield read_totals()
+        for i, inputs in enumerate(micro_batches):
+            micro_step(inputs)
+            if i % k == k - 1:
+                yield read_totals()
 
-    _log_and_save(
-        updates(),
-        reporter.start_step,
-        config,
-        config.batch_size,
-        reporter,
-        save,
-    )
+    return updates()
 
 
 def _log_and_save(
@@ -334,10 +385,12 @@ def _log_and_save(
     global_batch: int,
     reporter: Any,
     save: Callable[[int], None],
-) -> None:
+    watcher: tf_crossdevice.training.PreemptionWatcher,
+) -> int | None:
     """Runs `steps` (each gives the step's summed loss and correct count)
     from step `start`: a progress line every `log_every` steps and at the
-    end, each followed by `save(step)`."""
+    end, each followed by `save(step)`. Once `watcher` says stop, saves
+    and returns that step (before the end); else returns None."""
     losses, correct = [], 0.0
     step_number = start
     for loss, right in steps:
@@ -345,6 +398,7 @@ def _log_and_save(
         correct += float(right)
         step_number += 1
         reporter.step_done()
+        saved = False
         if step_number % config.log_every == 0 or step_number == config.steps:
             reporter.record(
                 step_number,
@@ -353,6 +407,12 @@ def _log_and_save(
             )
             losses, correct = [], 0.0
             save(step_number)
+            saved = True
+        if step_number < config.steps and watcher.should_stop():
+            if not saved:
+                save(step_number)
+            return step_number
+    return None
 
 
 def _replicas_equal(strategy: tf.distribute.Strategy, model) -> bool:
@@ -386,10 +446,19 @@ def train_in_graph(
 ) -> str:
     """The controller's loop; returns the closing summary.
 
+    Preempted (SIGTERM to this controller), it prints where it saved and
+    returns "".
+
     Args:
         replicas: a `tf_crossdevice.cluster.WorkerReplicas`.
         ops: the cross-device ops that average the gradients.
     """
+    # One client: no other process to agree with.
+    with tf_crossdevice.training.PreemptionWatcher() as watcher:
+        return _train_in_graph(replicas, ops, config, data, watcher)
+
+
+def _train_in_graph(replicas, ops, config, data, watcher):
     global_batch = config.batch_size
     per_replica = global_batch // replicas.num_replicas
     models, velocities = [], []
@@ -482,7 +551,7 @@ def train_in_graph(
         manager.save(checkpoint_number=step_number)
         print(f"checkpoint saved at step {step_number}", flush=True)
 
-    _log_and_save(
+    stopped = _log_and_save(
         (
             replicas.run(
                 step, images, labels, timeout_seconds=config.timeout_seconds
@@ -494,7 +563,11 @@ def train_in_graph(
         global_batch,
         reporter,
         save,
+        watcher,
     )
+    if stopped is not None:
+        print(_preempted(stopped, config.steps), flush=True)
+        return ""
 
     copies = [[np.asarray(w) for w in m.get_weights()] for m in models]
     replicas_equal = all(

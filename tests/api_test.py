@@ -141,7 +141,7 @@ PUBLIC_API = {
         "per_replica",
         "request_cpu_devices",
     ],
-    "tf_crossdevice.training": ["GradientAccumulator"],
+    "tf_crossdevice.training": ["GradientAccumulator", "PreemptionWatcher"],
     "tf_crossdevice.tuning": [
         "autotune",
         "cost_model",

@@ -1,7 +1,10 @@
 """examples/train.py runs as a user runs it, in every mode, and does what it
 prints: replicas agree, TensorBoard scalars and checkpoints are written, a
-killed job resumes to the weights of an uninterrupted one, workers stop
-without TensorFlow error lines. Every process is stopped when its test ends.
+preempted job (SIGTERM) saves at one step on every worker, exits 0 and
+resumes to the weights of an uninterrupted one, workers stop without
+TensorFlow error lines. Each mode runs once uninterrupted, beside a
+preempted run of the same command, to save start-ups. Every process is
+stopped when its test ends.
 """
 
 from __future__ import annotations
@@ -9,10 +12,12 @@ from __future__ import annotations
 import glob
 import os
 import re
+import signal
 import subprocess
 import sys
 
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
 
@@ -25,8 +30,6 @@ ROOT = os.path.dirname(
 )
 TRAIN = os.path.join(ROOT, "examples", "train.py")
 TIMEOUT = 240  # Seconds for one job; generous, for a loaded machine.
-# Small and quick: the point is every path, not accuracy.
-TINY_CNN = ["--depth=1", "--width=4", "--image_size=8", "--num_examples=512"]
 
 
 def start(*args: str, env: dict[str, str] | None = None) -> processes.Child:
@@ -78,22 +81,6 @@ def check_model_dir(model_dir: str, steps: int) -> None:
     assert tf.train.latest_checkpoint(model_dir).endswith(f"ckpt-{steps}")
 
 
-def test_default_job_trains_between_graph_and_stops_its_workers(tmp_path):
-    # The README's main job (collective, HierarchicalCollectiveAllReduce,
-    # model.fit, 2 workers x 2 devices), tiny and short.
-    out = run(
-        *TINY_CNN, "--steps=8", "--log_every=4", f"--model_dir={tmp_path}"
-    )
-    assert "[worker 0] mode=collective: 2 workers x 2 devices, " in out
-    assert "HierarchicalCollectiveAllReduce" in out
-    assert re.search(r"\[worker 0\] step +8/8 .* examples/s .* ETA", out)
-    assert "[worker 0] replica weights equal: yes (4 replicas)" in out
-    assert "[worker 1]" not in out  # Only the chief reports.
-    assert "workers stopped (exit statuses [0, 0])" in out
-    check_model_dir(str(tmp_path), 8)
-    assert not os.path.exists(tmp_path / ".scratch" / "task_1")
-
-
 def test_collective_workers_from_flags_exit_without_errors(tmp_path):
     # One command per host, as on real machines: --worker_hosts and
     # --task_index instead of TF_CONFIG; CollectiveAllReduce, custom loop.
@@ -126,22 +113,6 @@ def test_collective_workers_from_flags_exit_without_errors(tmp_path):
     check_model_dir(str(tmp_path), 6)
 
 
-def test_in_graph_job_drives_local_workers(tmp_path):
-    out = run(
-        "--mode=in_graph",
-        *TINY_CNN,
-        "--all_reduce_spec=xring#2",
-        "--steps=6",
-        "--log_every=3",
-        f"--model_dir={tmp_path}",
-    )
-    assert "2 workers x 2 devices, MultiWorkerAllReduce" in out
-    assert "all_reduce_spec='xring#2'" in out
-    assert "replica weights equal: yes (4 replicas)" in out
-    assert out.rstrip().splitlines()[-1].startswith("workers stopped")
-    check_model_dir(str(tmp_path), 6)
-
-
 def write_image_folder(root) -> str:
     """3 classes of 8x8 PNGs told apart by their colour."""
     rng = np.random.default_rng(0)
@@ -156,56 +127,135 @@ def write_image_folder(root) -> str:
     return str(root)
 
 
+def preemption_target(job: processes.Child, mode: str) -> psutil.Process:
+    """Where a cluster manager's SIGTERM goes: worker 1 of a collective job
+    (its launcher's child with task index 1), else the one training
+    process (the in-graph controller, or the mirrored job)."""
+    if mode != "collective":
+        return psutil.Process(job.pid)
+    for child in psutil.Process(job.pid).children():
+        if '"index": 1}' in child.environ().get("TF_CONFIG", ""):
+            return child
+    raise AssertionError("the job has no worker 1")
+
+
+STEPS = 20
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# Each mode's flags. collective: README's main job (its defaults: 2 local
+# workers x 2 devices, HierarchicalCollectiveAllReduce, model.fit, the CNN),
+# tiny.
+MODE_FLAGS = {
+    "mirrored": ["--mode=mirrored", "--loop=custom", "--model=dense"],
+    "collective": ["--depth=1", "--width=4"],
+    "in_graph": [
+        "--mode=in_graph",
+        "--model=dense",
+        "--all_reduce_spec=xring#2",
+    ],
+}
+
+
+def check_uninterrupted(mode: str, whole: str, model_dir) -> None:
+    """What each mode's uninterrupted job prints and writes."""
+    replicas = 2 if mode == "mirrored" else 4
+    assert "3 classes" in whole
+    assert f"replica weights equal: yes ({replicas} replicas)" in whole
+    assert f"trained {STEPS} steps in this run, from step 0" in whole
+    if mode == "collective":
+        assert "[worker 0] mode=collective: 2 workers x 2 devices, " in whole
+        assert "HierarchicalCollectiveAllReduce" in whole
+        assert "loop=fit" in whole
+        assert re.search(rf"\[worker 0\] step +{STEPS}/{STEPS} .* ETA", whole)
+        assert "[worker 1]" not in whole  # Only the chief reports.
+        assert "workers stopped (exit statuses [0, 0])" in whole
+        assert not os.path.exists(model_dir / ".scratch" / "task_1")
+    if mode == "in_graph":
+        assert "2 workers x 2 devices, MultiWorkerAllReduce" in whole
+        assert "all_reduce_spec='xring#2'" in whole
+        assert whole.rstrip().splitlines()[-1].startswith("workers stopped")
+    check_model_dir(str(model_dir), STEPS)
+
+
 @pytest.mark.parametrize(
-    ("mode", "steps"),
+    ("mode", "loop"),
     [
-        # Enough steps that the killed job is still training when the test
-        # reads its first checkpoint line and kills it.
-        pytest.param("mirrored", 300, id="mirrored"),
-        pytest.param("collective", 60, id="collective"),
-        pytest.param("in_graph", 60, id="in_graph"),
+        pytest.param("mirrored", "custom", id="mirrored-custom"),
+        # Only worker 1 is signalled: the workers must agree on a step.
+        pytest.param("collective", "fit", id="collective-fit"),
+        pytest.param("in_graph", "custom", id="in_graph-custom"),
     ],
 )
-def test_killed_job_resumes_to_the_weights_of_an_uninterrupted_one(
-    tmp_path, mode, steps
+def test_preempted_job_resumes_to_the_weights_of_an_uninterrupted_one(
+    tmp_path, mode, loop
 ):
-    # collective and in_graph start 2 local workers; killing the job kills
-    # its whole process tree, as a lost machine or Ctrl-C would.
+    # The uninterrupted job also shows that each mode trains and reports.
     data_dir = write_image_folder(tmp_path / "images")
     args = [
-        f"--mode={mode}",
-        "--model=dense",
+        *MODE_FLAGS[mode],
         f"--data_dir={data_dir}",
         "--image_size=8",
         "--batch_size=8",
-        f"--steps={steps}",
-        "--log_every=10",
+        f"--steps={STEPS}",
+        "--log_every=5",
+        "--timeout_seconds=60",
     ]
     replicas = 2 if mode == "mirrored" else 4
-    model_dir = f"--model_dir={tmp_path / 'killed'}"
-    # Side by side: the uninterrupted run, and one killed after a checkpoint.
+    model_dir = f"--model_dir={tmp_path / 'preempted'}"
+    # Side by side: the uninterrupted run, and one preempted as it starts
+    # training (after the chief's line on the model, when every worker
+    # watches for the signal).
     with (
         start(*args, f"--model_dir={tmp_path / 'whole'}") as uninterrupted,
         start(*args, model_dir) as job,
     ):
-        while "checkpoint saved at step" not in job.read_line(TIMEOUT):
-            pass
-        job.kill()
+        lines = []
+        while not lines or f"loop={loop}" not in lines[-1]:
+            lines.append(job.read_line(TIMEOUT))
+        tree = psutil.Process(job.pid).children(recursive=True)
+        preemption_target(job, mode).send_signal(signal.SIGTERM)
+        lines += job.read_all(TIMEOUT)
+        assert job.wait(TIMEOUT) == 0
+        assert_no_error_lines(job.stderr_text())
         whole = "\n".join(uninterrupted.read_all(TIMEOUT))
         assert_no_error_lines(uninterrupted.stderr_text())
-    assert "3 classes" in whole
-    assert f"replica weights equal: yes ({replicas} replicas)" in whole
-    assert f"trained {steps} steps in this run, from step 0" in whole
+    assert not [p for p in tree if alive(p)], "processes left"
+    saved = [
+        int(found[1])
+        for line in lines
+        if (
+            found := re.search(
+                r"preempted: checkpoint saved at step (\d+)", line
+            )
+        )
+    ]
+    # Every worker saved, at one step, before the end.
+    assert len(saved) == (2 if mode == "collective" else 1), lines
+    assert len(set(saved)) == 1 and 1 <= saved[0] < STEPS, saved
+    if mode == "collective":
+        assert "workers stopped (exit statuses [0, 0])" in "\n".join(lines)
+    step = saved[0]
+    assert tf.train.latest_checkpoint(str(tmp_path / "preempted")).endswith(
+        f"ckpt-{step}"
+    )
+    check_uninterrupted(mode, whole, tmp_path / "whole")
+
     resumed = run(*args, model_dir)
-    step = int(re.search(r"resumed from step (\d+)", resumed)[1])
-    assert 10 <= step < steps and step % 10 == 0, step
-    # Only the steps the killed job had not saved, on every replica.
-    assert f"trained {steps - step} steps in this run, from step {step}" in (
+    assert f"resumed from step {step} " in resumed
+    # Only the steps after the preemption, on every replica.
+    assert f"trained {STEPS - step} steps in this run, from step {step}" in (
         resumed
     )
     assert f"replica weights equal: yes ({replicas} replicas)" in resumed
     assert digest(resumed) == digest(whole)
-    check_model_dir(str(tmp_path / "killed"), steps)
+    check_model_dir(str(tmp_path / "preempted"), STEPS)
 
 
 def test_bad_flags_exit_with_status_1_naming_the_flag():

@@ -72,7 +72,11 @@ def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
 
     name = class_of(v.flag_values_dict())
     extra: dict[str, Any] = {}
-    if v.compression != "none":
+    if v.compression == "powersgd":
+        extra["compression"] = tf_crossdevice.compression.PowerSGD(
+            rank=v.powersgd_rank
+        )
+    elif v.compression != "none":
         extra["compression"] = v.compression
     packing = {
         "agg_small_grads_max_bytes": v.agg_small_grads_max_bytes,
@@ -144,9 +148,13 @@ def load_data(v: Any) -> Any:
     )
 
 
-def loop_config(v: Any, data: Any) -> Any:
+def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
     import train_loops
 
+    import tf_crossdevice
+
+    compression = getattr(ops, "compression", None)
+    powersgd = isinstance(compression, tf_crossdevice.compression.PowerSGD)
     return train_loops.Config(
         loop=v.loop or ("custom" if v.mode == "in_graph" else "fit"),
         model=v.model,
@@ -160,6 +168,7 @@ def loop_config(v: Any, data: Any) -> Any:
         seed=v.seed,
         model_dir=v.model_dir,
         timeout_seconds=v.timeout_seconds,
+        compression_state=compression if powersgd else None,
     )
 
 
@@ -225,7 +234,7 @@ def run_collective_worker(v: Any) -> int:
         print(f"data: {data.description}", flush=True)
     summary = train_loops.train_with_strategy(
         strategy,
-        loop_config(v, data),
+        loop_config(v, data, ops),
         data,
         is_chief=is_chief,
         task=index,

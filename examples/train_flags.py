@@ -46,7 +46,10 @@ TAKES_COMPRESSION = (
     "CollectiveAllReduce",
     "HierarchicalCollectiveAllReduce",
 )
-COMPRESSIONS = ("none", "bf16", "fp16")
+COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
+# PowerSGD compresses gradients between workers: the collective classes
+# under our MultiWorkerMirroredStrategy.
+TAKES_POWERSGD = ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
 IMPLEMENTATIONS = ("AUTO", "RING", "NCCL")
 # Logical CPU devices per worker where the host has no GPU for each worker.
 CPU_DEVICES_PER_WORKER = 2
@@ -218,7 +221,17 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         "compression",
         "none",
         COMPRESSIONS,
-        "Gradients on the wire in 16 bits (bf16, fp16).",
+        "Gradients on the wire in 16 bits (bf16, fp16), or as PowerSGD's "
+        "rank --powersgd_rank factors with error feedback "
+        "(--mode=collective).",
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "powersgd_rank",
+        4,
+        "With --compression=powersgd: the rank of each gradient matrix's "
+        "approximation.",
+        lower_bound=1,
         flag_values=fv,
     )
     d.DEFINE_integer(
@@ -594,6 +607,14 @@ def check_flags(v: dict[str, Any]) -> None:
         raise flags.ValidationError(
             "--cross_device_ops: NcclAllReduce needs GPUs; this machine has "
             "only CPUs"
+        )
+    if v["compression"] == "powersgd" and (
+        mode != "collective" or name not in TAKES_POWERSGD
+    ):
+        raise flags.ValidationError(
+            "--compression: powersgd compresses gradients between workers "
+            f"with {' or '.join(TAKES_POWERSGD)} in --mode=collective; got "
+            f"--mode={mode} --cross_device_ops={name}"
         )
     if v["compression"] != "none" and name not in TAKES_COMPRESSION:
         raise flags.ValidationError(

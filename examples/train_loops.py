@@ -56,6 +56,9 @@ class Config:
     timeout_seconds: float
     # Micro-batches per update in the custom loop (1: no accumulation).
     accumulation_steps: int = 1
+    # A PowerSGD compressor whose state (each replica's error, Q) is this
+    # worker's own, saved and restored beside the model's checkpoint.
+    compression_state: Any = None
 
 
 def build_model(config: Config, data: train_data.Data) -> keras.Model:
@@ -166,8 +169,23 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         verbose=is_chief,
     )
 
+    # Each worker's PowerSGD state differs (its replicas' errors): every
+    # worker keeps its own, in a folder of its own.
+    state_manager = None
+    if config.compression_state is not None:
+        state = tf.train.Checkpoint(compression=config.compression_state)
+        state_manager = tf.train.CheckpointManager(
+            state,
+            os.path.join(config.model_dir, "compression", f"task_{task}"),
+            max_to_keep=2,
+        )
+        if latest and state_manager.latest_checkpoint:
+            state.restore(state_manager.latest_checkpoint)
+
     def save(step: int) -> None:
         manager.save(checkpoint_number=step)
+        if state_manager is not None:
+            state_manager.save(checkpoint_number=step)
         if is_chief:
             print(f"checkpoint saved at step {step}", flush=True)
 

@@ -195,6 +195,12 @@ def test_the_defaults_are_the_main_job():
             r"does not compress",
         ),
         (
+            {"mode": "mirrored", "compression": "powersgd"},
+            r"--compression: powersgd compresses gradients between workers "
+            r"with CollectiveAllReduce or HierarchicalCollectiveAllReduce in "
+            r"--mode=collective; got --mode=mirrored --cross_device_ops=auto",
+        ),
+        (
             {"batch_size": 30},
             r"--batch_size: 30 does not split over 4 replicas \(2 workers x "
             r"2 devices_per_worker\); use a multiple of 4",
@@ -267,7 +273,11 @@ def test_task_index_is_checked_against_tf_config(monkeypatch):
 @pytest.mark.parametrize(
     "name, value, allowed",
     [
-        ("compression", "int8", r"--compression=int8: .*<none\|bf16\|fp16>"),
+        (
+            "compression",
+            "int8",
+            r"--compression=int8: .*<none\|bf16\|fp16\|powersgd>",
+        ),
         ("mode", "ps", r"--mode=ps: .*<mirrored\|collective\|in_graph>"),
         (
             "implementation",

@@ -151,10 +151,17 @@ def alive(process: psutil.Process) -> bool:
 
 # Each mode's flags. collective: README's main job (its defaults: 2 local
 # workers x 2 devices, HierarchicalCollectiveAllReduce, model.fit, the CNN),
-# tiny.
+# small, with PowerSGD, whose state each worker saves and restores (its
+# classifier's 2048x3 kernel is compressed: the resumed weights match only
+# if each replica's error and Q come back).
 MODE_FLAGS = {
     "mirrored": ["--mode=mirrored", "--loop=custom", "--model=dense"],
-    "collective": ["--depth=1", "--width=4"],
+    "collective": [
+        "--depth=1",
+        "--width=32",
+        "--compression=powersgd",
+        "--powersgd_rank=1",
+    ],
     "in_graph": [
         "--mode=in_graph",
         "--model=dense",

@@ -19,6 +19,7 @@ from tf_crossdevice._core import checks
 from tf_crossdevice.collective._base import (
     CollectiveOpsBase,
     all_reduce_sparse,
+    launch_order,
 )
 from tf_crossdevice.collective._group import Group, Options
 from tf_crossdevice.compression._powersgd import PowerSGD
@@ -144,22 +145,26 @@ class CollectiveAllReduce(CollectiveOpsBase):
     ) -> list[Value]:
         """Member `index`'s share: its values summed over the group.
 
-        Every member issues the same collectives in the same order
-        (IndexedSlices first, then the packs).
+        Every member issues the same collectives in the same order: packs
+        and IndexedSlices in `launch_order`, last values first.
         """
         out: list[Any] = [None] * len(values)
-        dense = []
-        for k, v in enumerate(values):
-            if _is_sparse(v):
-                out[k] = all_reduce_sparse(group, index, v, options)
-            else:
-                dense.append(k)
-        for pack in plan_packs(
-            [values[k] for k in dense],
-            options.bytes_per_pack,
-            self._merge_scope,
-        ):
-            keys = [dense[j] for j in pack]
+        dense = [k for k, v in enumerate(values) if not _is_sparse(v)]
+        packs = [
+            [dense[j] for j in pack]
+            for pack in plan_packs(
+                [values[k] for k in dense],
+                options.bytes_per_pack,
+                self._merge_scope,
+            )
+        ]
+        sparse = [[k] for k, v in enumerate(values) if _is_sparse(v)]
+        for keys in launch_order([*packs, *sparse]):
+            if _is_sparse(values[keys[0]]):
+                out[keys[0]] = all_reduce_sparse(
+                    group, index, values[keys[0]], options
+                )
+                continue
             sums = _all_reduce_pack(
                 group,
                 index,

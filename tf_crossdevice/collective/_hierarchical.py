@@ -26,6 +26,7 @@ from tf_crossdevice._core import tf_internal
 from tf_crossdevice.collective._base import (
     CollectiveOpsBase,
     all_reduce_sparse,
+    launch_order,
 )
 from tf_crossdevice.compression._powersgd import PowerSGD
 from tf_crossdevice.ops import _base
@@ -119,22 +120,34 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
         first = devices[0]
         workers = self._group((first,), self._num_workers, _NAME)
         results: list[list[Any]] = [[None] * len(devices) for _ in batch]
-        dense = []
-        for k, value in enumerate(batch):
-            if isinstance(value[0], tf.IndexedSlices):
+        dense = [
+            k
+            for k, value in enumerate(batch)
+            if not isinstance(value[0], tf.IndexedSlices)
+        ]
+        packs = [
+            [dense[j] for j in pack]
+            for pack in plan_packs(
+                [batch[k][0] for k in dense],
+                options.bytes_per_pack,
+                max(1, len(dense)),
+            )
+        ]
+        sparse = [
+            [k]
+            for k, value in enumerate(batch)
+            if isinstance(value[0], tf.IndexedSlices)
+        ]
+        # Last values first (see `launch_order`): the first collective
+        # waits for the last layers' gradients only.
+        for keys in launch_order([*packs, *sparse]):
+            if isinstance(batch[keys[0]][0], tf.IndexedSlices):
+                value = batch[keys[0]]
                 local = _base.sum_sparse(value, first)
                 with tf.device(first):
                     total = all_reduce_sparse(workers, 0, local, options)
-                results[k] = [_base.copy_value(total, d) for d in devices]
-            else:
-                dense.append(k)
-        packs = plan_packs(
-            [batch[k][0] for k in dense],
-            options.bytes_per_pack,
-            max(1, len(dense)),
-        )
-        for pack in packs:
-            keys = [dense[j] for j in pack]
+                results[keys[0]] = [_base.copy_value(total, d) for d in devices]
+                continue
             flat = []
             for d, device in enumerate(devices):
                 with tf.device(device):

@@ -83,6 +83,51 @@ def all_reduce_batch(
     ]
 
 
+# The most bytes (per device) that `bind_shards` lays out into one tensor
+# and reduces with one call. One layout of a whole batch makes every message
+# as large as a shard of the whole model, and across workers each of those
+# steps waits for the one before it on every worker: the layout copy, then
+# the transfer of each shard, the sum, the transfer back, the unlayout. Bounded
+# groups let one group's transfer overlap another's arithmetic, and a value
+# at least this large is reduced on its own, so it is never copied into a
+# layout at all.
+GROUP_BYTES = 4 * 2**20
+
+
+def byte_groups(sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
+    """Positions of `sizes` in groups of at most `max_bytes` in total.
+
+    A size of at least `max_bytes` is a group of its own; the others fill
+    groups in order, a new group starting when the next would overflow.
+    Groups are listed by their first position.
+
+    >>> byte_groups([1, 2, 9, 3, 4, 1], max_bytes=6)
+    [[0, 1, 3], [2], [4, 5]]
+    >>> byte_groups([6, 5, 1], max_bytes=6)
+    [[0], [1, 2]]
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    current_bytes = 0
+    for k, size in enumerate(sizes):
+        if size >= max_bytes:
+            groups.append([k])
+            continue
+        if current and current_bytes + size > max_bytes:
+            groups.append(current)
+            current, current_bytes = [], 0
+        current.append(k)
+        current_bytes += size
+    if current:
+        groups.append(current)
+    return sorted(groups)
+
+
+def _num_bytes(tensor: tf.Tensor) -> int:
+    """Static size in bytes (the values `bind_shards` lays out are static)."""
+    return tensor.shape.num_elements() * tensor.dtype.size
+
+
 def _batchable(values: Sequence[Sequence[tf.Tensor]]) -> dict:
     """dtype -> positions of the values that can share one layout: static
     shapes, the devices of `values[0]`; the rest map to None, one by one."""
@@ -133,19 +178,25 @@ def bind_shards(
     """A builder calling `all_reduce(tensors, shards)`, for builders that
     shard natively (ring, rechd, shuffle) and have no use for the index.
 
-    Its `all_reduce_batch` reduces all values of one dtype with one call:
-    each device lays its values out with `_flat.chunk_major` in
+    Its `all_reduce_batch` reduces the values of one dtype in groups of at
+    most `GROUP_BYTES` per device (`byte_groups`), one call per group: each
+    device lays a group's values out with `_flat.chunk_major` in
     `shards * chunks(num_devices)` rows, so that a builder cutting its
     input into that many flat chunks gives every element the chunk, and so
     the summation order, it had when reduced alone (bit-identical floats).
+    A value of at least `GROUP_BYTES` is reduced alone, with no layout.
 
     Args:
         all_reduce: `(tensors, shards) -> sums`.
         shards: passed to `all_reduce`.
         chunks: devices -> chunks per shard the builder cuts a tensor into
-            (ring: the device count); None: the builder's sums do not
-            depend on the layout (a shuffle's `add_n`), so the values are
-            just concatenated.
+            (ring: the device count); None: the builder sums each element
+            with one `add_n` of the devices' values (a shuffle), so the
+            values are just concatenated. (TensorFlow's CPU AddN moves the
+            first input whose buffer it may reuse to the front, so with
+            three or more devices the last bit of a float sum follows
+            which buffers are free when it runs, in any layout; integer
+            sums are exact.)
 
     Raises:
         TypeError: `shards` is not an int.
@@ -175,13 +226,20 @@ def bind_shards(
                 continue
             n = len(values[members[0]])
             rows = shards * chunks(n) if chunks is not None else 1
-            summed = _laid_out_all_reduce(
-                lambda laid_out: all_reduce(laid_out, shards),
-                [values[k] for k in members],
-                rows,
-            )
-            for k, sums in zip(members, summed, strict=True):
-                results[k] = sums
+            for group in byte_groups(
+                [_num_bytes(values[k][0]) for k in members], GROUP_BYTES
+            ):
+                if len(group) == 1:
+                    k = members[group[0]]
+                    results[k] = all_reduce(values[k], shards)
+                    continue
+                summed = _laid_out_all_reduce(
+                    lambda laid_out: all_reduce(laid_out, shards),
+                    [values[members[g]] for g in group],
+                    rows,
+                )
+                for g, sums in zip(group, summed, strict=True):
+                    results[members[g]] = sums
         return results
 
     all_reduce_with_shards.all_reduce_batch = batch  # type: ignore[attr-defined]

@@ -65,8 +65,9 @@ def packed_all_reduce(
     With packing on, each pack is all-reduced on its own (packing sets how
     many all-reduces run and how big they are). With packing off, the
     values (and those that cannot be packed) are all-reduced as one batch
-    (e.g. `algorithms._protocol.all_reduce_batch`: one layout per dtype),
-    so that the graph does not grow with values x devices x algorithm steps.
+    (e.g. `algorithms._protocol.all_reduce_batch`: per dtype, one layout
+    per group of a few MiB), so that the graph does not grow with values x
+    devices x algorithm steps.
 
     Args:
         batch: `batch[k][d]` is value k on device d (same devices for all k).

@@ -229,6 +229,19 @@ def predict_rows(rows: Sequence[Row], constants: cost_model.Constants) -> None:
         )
 
 
+def _repeats_table(pairs: Sequence[tuple[str, str, str, float]]) -> list[str]:
+    """The Markdown table of `repeats`: each candidate's two groups and the
+    ratio of their times."""
+    return [
+        "| candidate | group a | group b | a / b |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {name} | {a} | {b} | {ratio:.2f} |"
+            for name, a, b, ratio in pairs
+        ),
+    ]
+
+
 def _within(row: Row) -> bool:
     return abs(row.ratio - 1) <= TOLERANCE
 
@@ -465,11 +478,8 @@ def report(
             f"{max(spreads):.0%}: a floor under any model's error, and a "
             f"large part of the {TOLERANCE:.0%} budget.",
             "",
-            "| candidate | group a | group b | a / b |",
-            "| --- | --- | --- | --- |",
+            *_repeats_table(pairs),
         ]
-        for name, a, b, ratio in pairs:
-            lines.append(f"| {name} | {a} | {b} | {ratio:.2f} |")
     lines += [
         "",
         "## Every candidate",
@@ -879,11 +889,8 @@ def hosts_report(
             "keeps one replica per worker): no prediction can be nearer to",
             "both than their spread allows.",
             "",
-            "| candidate | group a | group b | a / b |",
-            "| --- | --- | --- | --- |",
+            *_repeats_table(pairs),
         ]
-        for name, a, b, ratio in pairs:
-            lines.append(f"| {name} | {a} | {b} | {ratio:.2f} |")
     lines += [
         "",
         "## Ordering: the model's ranking against the measured one",

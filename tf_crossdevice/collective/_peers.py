@@ -33,7 +33,6 @@ eager `reduce` reports by itself.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 from collections.abc import Iterator
 from typing import Any
@@ -41,7 +40,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice._core import checks
-from tf_crossdevice._core.network import port_answers
+from tf_crossdevice._core.network import ports_answer
 from tf_crossdevice.collective import _runtime, _stall
 from tf_crossdevice.collective._runtime import CollectiveCluster
 
@@ -53,7 +52,6 @@ _REPORTED = (
     tf.errors.AbortedError,
     tf.errors.CancelledError,
 )
-_MAX_PROBES_AT_ONCE = 32
 
 
 @contextlib.contextmanager
@@ -167,14 +165,7 @@ def _with_unreachable_peers(
     error: tf.errors.OpError, cluster: CollectiveCluster, probe_seconds: float
 ) -> tf.errors.OpError:
     peers = cluster.peers
-    with concurrent.futures.ThreadPoolExecutor(
-        min(len(peers), _MAX_PROBES_AT_ONCE)
-    ) as pool:
-        answers = list(
-            pool.map(
-                lambda t: port_answers(cluster.address(t), probe_seconds), peers
-            )
-        )
+    answers = ports_answer([cluster.address(t) for t in peers], probe_seconds)
     named = [f"{t} ({cluster.address(t)})" for t in peers]
     lost = [n for n, ok in zip(named, answers, strict=True) if not ok]
     if lost:

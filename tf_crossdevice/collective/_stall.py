@@ -45,7 +45,6 @@ points at this host's own link, and the report says so.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import enum
@@ -63,7 +62,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from absl import logging
 
 from tf_crossdevice._core import checks
-from tf_crossdevice._core.network import port_answers
+from tf_crossdevice._core.network import ports_answer
 from tf_crossdevice.collective._runtime import CollectiveCluster
 
 # A round trip this long is slow on any network a collective runs on...
@@ -80,7 +79,6 @@ TRICKLE_BYTES = 1024
 WINDOW_SECONDS = 1.0
 # Horovod's default warning time, used when collectives have no timeout.
 DEFAULT_WARNING_SECONDS = 60.0
-_MAX_PROBES_AT_ONCE = 32
 _SS_SECONDS = 5.0
 
 
@@ -351,15 +349,7 @@ def observe_peers(
     peers = cluster.peers
     start = time.monotonic()
     before = {c.inode: c for c in own_tcp_connections()}
-    with concurrent.futures.ThreadPoolExecutor(
-        min(len(peers), _MAX_PROBES_AT_ONCE)
-    ) as pool:
-        answers = list(
-            pool.map(
-                lambda t: port_answers(cluster.address(t), probe_seconds),
-                peers,
-            )
-        )
+    answers = ports_answer([cluster.address(t) for t in peers], probe_seconds)
     time.sleep(max(0.0, start + WINDOW_SECONDS - time.monotonic()))
     after = own_tcp_connections()
     window = time.monotonic() - start

@@ -1,23 +1,35 @@
-"""A worker of the network-fault tests (started by them, not pytest).
+"""A process of the network-fault tests (started by them, not pytest).
 
     python -m tests.network_faults_child TIMEOUT_SECONDS \
-        [STALL_WARNING_SECONDS [SIZE]]
+        [STALL_WARNING_SECONDS [SIZE [CLASS]]]
 
-reads its cluster from `TF_CONFIG`, builds tf_crossdevice's
-MultiWorkerMirroredStrategy with `tf_crossdevice.CollectiveAllReduce` and
-`timeout_seconds=TIMEOUT_SECONDS`, and all-reduces `value(task, SIZE)` step
-after step, each step called inside
+is a worker: it reads its cluster from `TF_CONFIG`, builds tf_crossdevice's
+MultiWorkerMirroredStrategy with CLASS (`CollectiveAllReduce`, the
+default, or `HierarchicalCollectiveAllReduce`, then with 2 CPU devices) and
+`timeout_seconds=TIMEOUT_SECONDS`, and all-reduces `value(task, SIZE)` (on
+every device) step after step, each step called inside
 `tf_crossdevice.reporting_unreachable_peers(strategy,
-stall_warning_seconds=STALL_WARNING_SECONDS)` (default: its own). After
-every step it replies {"steps": n, "time": time.time(), "sum": base64
-float32 bytes}; when a step fails, {"error": its type, "message": ...,
-"time": ...}, and exits with status 2. The test computes the sums with
-numpy from `value`.
+stall_warning_seconds=STALL_WARNING_SECONDS)` (default: its own).
+
+    python -m tests.network_faults_child --in_graph TIMEOUT_SECONDS SPEC
+
+is the client of an in-graph job (SPEC: the cluster spec as JSON): it
+all-reduces `value(task)` built on each worker with
+`tf_crossdevice.MultiWorkerAllReduce` step after step, each step through
+`WorkerReplicas.run(..., timeout_seconds=TIMEOUT_SECONDS)`, and replies the
+sum held by worker 0.
+
+After every step either replies {"steps": n, "time": time.time(), "sum":
+base64 float32 bytes}; when a step fails, {"error": its type, "message":
+..., "time": ...}, and exits with status 2. The test computes the sums
+with numpy from `value` (times the devices per worker).
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import os
 import sys
 import time
 
@@ -38,33 +50,53 @@ def loop(
     timeout_seconds: float,
     stall_warning_seconds: float | None = None,
     size: int = SIZE,
+    class_name: str = "CollectiveAllReduce",
 ) -> int:
     import tensorflow as tf
 
     import tf_crossdevice
-    from tf_crossdevice.cluster import processes
 
+    devices = 2 if class_name == "HierarchicalCollectiveAllReduce" else 1
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * devices
+    )
     strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
-        cross_device_ops=tf_crossdevice.CollectiveAllReduce(),
+        cross_device_ops=getattr(tf_crossdevice, class_name)(),
         communication_options=tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=timeout_seconds
         ),
+        local_devices=[f"/cpu:{i}" for i in range(devices)],
     )
     mine = tf.constant(value(strategy.cluster_resolver.task_id, size))
 
     @tf.function
     def step():
+        per_replica = strategy.run(lambda: tf.identity(mine))
         return strategy.extended.reduce_to(
-            tf.distribute.ReduceOp.SUM, mine, mine.device
+            tf.distribute.ReduceOp.SUM, per_replica, mine.device
         )
+
+    def reported_step():
+        with tf_crossdevice.reporting_unreachable_peers(
+            strategy, stall_warning_seconds=stall_warning_seconds
+        ):
+            return step()
+
+    return _steps(reported_step)
+
+
+def _steps(step) -> int:
+    """Runs `step` until it fails, replying after each (see the module
+    docstring)."""
+    import tensorflow as tf
+
+    from tf_crossdevice.cluster import processes
 
     steps = 0
     try:
         while True:
-            with tf_crossdevice.reporting_unreachable_peers(
-                strategy, stall_warning_seconds=stall_warning_seconds
-            ):
-                total = step().numpy()
+            total = np.asarray(step())
             steps += 1
             processes.reply(
                 {
@@ -85,13 +117,53 @@ def loop(
         return 2
 
 
+def in_graph_loop(timeout_seconds: float, spec: str) -> int:
+    import tensorflow as tf
+
+    import tf_crossdevice
+    from tf_crossdevice.cluster import WorkerReplicas
+
+    replicas = WorkerReplicas(json.loads(spec))
+    ops = tf_crossdevice.MultiWorkerAllReduce(
+        replicas.worker_devices, 0, all_reduce_spec="xring"
+    )
+
+    @tf.function
+    def step(one):
+        # `one` (an argument, 1.0) keeps Grappler from folding the whole
+        # step, all-reduce included, into a constant on worker 0.
+        def build(task: int) -> tf.Tensor:
+            n = tf.range(SIZE, dtype=tf.int64) * (task + 1)
+            return tf.cast(n % 13, tf.float32) * one  # value(task).
+
+        reduced = ops.reduce(
+            tf.distribute.ReduceOp.SUM,
+            replicas.per_replica(build),
+            destinations=None,
+        )
+        with tf.device(replicas.devices[0]):
+            return tf.identity(reduced.values[0])
+
+    one = tf.constant(1.0)
+    return _steps(
+        lambda: replicas.run(step, one, timeout_seconds=timeout_seconds)
+    )
+
+
 def main(argv: list[str]) -> int:
     from tf_crossdevice.cluster import processes
 
     processes.exit_when_parent_goes()
+    if argv[0] == "--in_graph":
+        code = in_graph_loop(float(argv[1]), argv[2])
+        # A step that timed out still waits in TensorFlow, and the client's
+        # context cannot be torn down while a worker is cut off.
+        sys.stdout.flush()
+        os._exit(code)
     stall = float(argv[1]) if len(argv) > 1 else None
     size = int(argv[2]) if len(argv) > 2 else SIZE
-    return loop(float(argv[0]), stall, size)
+    class_name = argv[3] if len(argv) > 3 else "CollectiveAllReduce"
+    return loop(float(argv[0]), stall, size, class_name)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,17 @@
 heals, a throttled link crawls both ways and recovers; a collective rides
 out a short outage, its stall report names a host on a slowed link and a
 host cut off before the timeout, and its error names the host cut off for
-longer than the timeout.
+longer than the timeout; the same cut ends a hierarchical collective and an
+in-graph step with errors that name the host.
 
 Workers are tests/network_faults_child.py, one per emulated host (1 Gbit/s
 links), all-reducing a vector step after step with CollectiveAllReduce
 inside `tf_crossdevice.reporting_unreachable_peers`. To keep the suite
 short, one pair of workers serves the collective tests, in file order:
 the outage, the slowed link, then the cut that ends the job. Sums are
-checked against numpy. After the tests no process, namespace, link or
+checked against numpy. The hierarchical collective (2 devices per worker)
+and the in-graph client (tests/network_faults_child.py --in_graph) each get
+a pair of hosts of their own. After the tests no process, namespace, link or
 cgroup of them remains. These tests build namespaces: they need root on
 Linux, which README's test command and CI have.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -34,7 +38,7 @@ import pytest
 from tests import network_faults_child as child_lib
 from tf_crossdevice import launch
 from tf_crossdevice.cluster import hosts as hosts_lib
-from tf_crossdevice.cluster import processes
+from tf_crossdevice.cluster import processes, start_local_cluster
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STARTUP = 240  # Seconds for both workers' first steps on a loaded machine.
@@ -132,8 +136,10 @@ def test_cut_names_a_bad_index(index):
             bed.restore(index)
 
 
-def expected_sum(size: int = SIZE) -> np.ndarray:
-    return child_lib.value(0, size) + child_lib.value(1, size)
+def expected_sum(size: int = SIZE, devices: int = 1) -> np.ndarray:
+    """The all-reduced value: every device of both workers adds its
+    worker's `value`."""
+    return devices * (child_lib.value(0, size) + child_lib.value(1, size))
 
 
 @contextlib.contextmanager
@@ -142,13 +148,16 @@ def looping_workers(
     timeout: float,
     stall_warning: float,
     size: int = SIZE,
+    class_name: str = "CollectiveAllReduce",
 ) -> Iterator[tuple[list[processes.Child], list[str]]]:
-    """Both workers all-reducing `size` floats; yields them and their
-    addresses, after each has finished 3 steps with the right sums."""
+    """Both workers all-reducing `size` floats with `class_name`; yields
+    them and their addresses, after each has finished 3 steps with the
+    right sums."""
     envs = launch.tf_config_envs(2, [h.address for h in bed.hosts])
     addresses = json.loads(envs[0]["TF_CONFIG"])["cluster"]["worker"]
     argv = [sys.executable, "-m", "tests.network_faults_child"]
-    argv += [str(timeout), str(stall_warning), str(size)]
+    argv += [str(timeout), str(stall_warning), str(size), class_name]
+    devices = devices_per_worker(class_name)
     children = [
         processes.Child(
             bed.command(i, argv), name=f"worker {i}", env=env, cwd=ROOT
@@ -158,7 +167,7 @@ def looping_workers(
     try:
         for child in children:
             for reply in steps_until(child, lambda r: r["steps"] >= 3):
-                check_sum(reply, size)
+                check_sum(reply, size, devices)
         yield children, addresses
     finally:
         processes.stop_all(children)
@@ -172,10 +181,14 @@ def steps_until(child: processes.Child, done) -> list[dict]:
     return replies
 
 
-def check_sum(reply: dict, size: int = SIZE) -> None:
+def devices_per_worker(class_name: str) -> int:
+    return 2 if class_name == "HierarchicalCollectiveAllReduce" else 1
+
+
+def check_sum(reply: dict, size: int = SIZE, devices: int = 1) -> None:
     assert "steps" in reply, reply
     got = np.frombuffer(base64.b64decode(reply["sum"]), np.float32)
-    np.testing.assert_array_equal(got, expected_sum(size))
+    np.testing.assert_array_equal(got, expected_sum(size, devices))
 
 
 @pytest.fixture(scope="module")
@@ -295,14 +308,33 @@ def test_a_host_cut_off_is_reported_then_named_by_the_timeout_s_error(
     ), report
     assert "Slow:" not in report, report
     # ...and the timeout's error names it again.
-    failures = []
-    for child in children:
-        replies = steps_until(child, lambda r: "error" in r)
-        for reply in replies[:-1]:  # Steps that ended before the cut.
-            check_sum(reply)
-            assert reply["time"] <= cut_at + IN_FLIGHT, reply["time"]
-        failures.append(replies[-1])
-        assert child.wait(timeout=30) == 2, child.stderr_text(3000)
+    check_both_fail_naming_each_other(children, addresses, cut_at)
+
+
+def failure_after_cut(
+    child: processes.Child, cut_at: float, size: int, devices: int = 1
+) -> dict:
+    """The error `child` replies after the cut; the steps before it had
+    the right sums and ended before the cut."""
+    replies = steps_until(child, lambda r: "error" in r)
+    for reply in replies[:-1]:
+        check_sum(reply, size, devices)
+        assert reply["time"] <= cut_at + IN_FLIGHT, reply["time"]
+    assert child.wait(timeout=30) == 2, child.stderr_text(3000)
+    return replies[-1]
+
+
+def check_both_fail_naming_each_other(
+    children: list[processes.Child],
+    addresses: list[str],
+    cut_at: float,
+    size: int = SIZE,
+    devices: int = 1,
+) -> None:
+    """Each worker fails naming the other, worker 0 at the timeout."""
+    failures = [
+        failure_after_cut(child, cut_at, size, devices) for child in children
+    ]
     worker_0, worker_1 = failures
     # Worker 0 names task 1, which it cannot reach, and its address.
     assert worker_0["error"] == "DeadlineExceededError", worker_0
@@ -325,3 +357,61 @@ def test_a_host_cut_off_is_reported_then_named_by_the_timeout_s_error(
         print(f"worker {i}: {failure['error']} {seconds:.1f} s after the cut")
     assert TIMEOUT - 1 <= took[0] <= TIMEOUT + MARGIN, took
     assert took[1] <= TIMEOUT + MARGIN, took
+
+
+@pytest.mark.slow
+def test_a_cut_ends_a_hierarchical_collective_naming_the_host():
+    # 2 devices per worker: the local reduction, then the cross-host one.
+    name = "HierarchicalCollectiveAllReduce"
+    with (
+        hosts_lib.EmulatedHosts(2, "1gbit") as bed,
+        looping_workers(bed, TIMEOUT, math.inf, SIZE, name) as (
+            children,
+            addresses,
+        ),
+    ):
+        cut_at = time.time()
+        bed.cut(1)
+        check_both_fail_naming_each_other(
+            children, addresses, cut_at, devices=devices_per_worker(name)
+        )
+    assert hosts_lib.leftovers(os.getpid()) == []
+
+
+@pytest.mark.slow
+def test_a_cut_ends_an_in_graph_step_naming_the_host():
+    # The client on the hosts' bridge drives MultiWorkerAllReduce with
+    # WorkerReplicas.run(..., timeout_seconds=TIMEOUT).
+    size = child_lib.SIZE
+    with (
+        hosts_lib.EmulatedHosts(2, "1gbit") as bed,
+        start_local_cluster(2, hosts=bed, timeout_seconds=STARTUP) as cluster,
+    ):
+        spec = cluster.cluster_spec.as_dict()
+        client = processes.start_module(
+            "tests.network_faults_child",
+            "--in_graph",
+            str(TIMEOUT),
+            json.dumps(spec),
+            name="client",
+            cwd=ROOT,
+        )
+        with client:
+            for reply in steps_until(client, lambda r: r["steps"] >= 3):
+                check_sum(reply, size)
+            cut_at = time.time()
+            bed.cut(1)
+            failure = failure_after_cut(client, cut_at, size)
+    took = failure["time"] - cut_at
+    print(f"client: {failure['error']} {took:.1f} s after the cut")
+    # Either gRPC gives up on the cut worker (WorkerUnreachableError) or
+    # the timeout ends the step; both name the cut worker only.
+    assert failure["error"] in (
+        "DeadlineExceededError",
+        "WorkerUnreachableError",
+    ), failure
+    cut = f"/job:worker/replica:0/task:1 ({spec['worker'][1]})"
+    assert cut in failure["message"], failure
+    assert "/job:worker/replica:0/task:0 (" not in failure["message"], failure
+    assert took <= TIMEOUT + MARGIN, took
+    assert hosts_lib.leftovers(os.getpid()) == []

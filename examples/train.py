@@ -290,6 +290,8 @@ def serve_in_graph_worker(v: Any, cluster: dict[str, list[str]]) -> int:
     """A worker server of an in-graph job; serves until it is stopped."""
     import tensorflow as tf
 
+    from tf_crossdevice import cluster as cluster_lib
+
     devices = local_devices(v)
     cpus = len(devices) if devices[0].startswith("/cpu") else 1
     config = tf.compat.v1.ConfigProto(device_count={"CPU": cpus})
@@ -300,7 +302,9 @@ def serve_in_graph_worker(v: Any, cluster: dict[str, list[str]]) -> int:
         config=config,
     )
     print(f"worker {v.task_index} serving at {server.target}", flush=True)
-    server.join()
+    # A SIGTERM (a preemption notice) is recorded for the controller, which
+    # saves at its next step while this server still holds its variables.
+    cluster_lib.serve(server)
     return 0
 
 

@@ -464,15 +464,17 @@ def train_in_graph(
 ) -> str:
     """The controller's loop; returns the closing summary.
 
-    Preempted (SIGTERM to this controller), it prints where it saved and
+    Preempted (SIGTERM to this controller, or to a worker server, which
+    records it as a notice and serves on), it prints where it saved and
     returns "".
 
     Args:
         replicas: a `tf_crossdevice.cluster.WorkerReplicas`.
         ops: the cross-device ops that average the gradients.
     """
-    # One client: no other process to agree with.
-    with tf_crossdevice.training.PreemptionWatcher() as watcher:
+    # One client: no other process to agree with; the workers' servers
+    # report their own notices.
+    with tf_crossdevice.training.PreemptionWatcher(workers=replicas) as watcher:
         return _train_in_graph(replicas, ops, config, data, watcher)
 
 

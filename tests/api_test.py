@@ -50,6 +50,7 @@ PUBLIC_API = {
         "WorkerUnreachableError",
         "hosts",
         "processes",
+        "serve",
         "start_local_cluster",
     ],
     "tf_crossdevice.cluster.hosts": [

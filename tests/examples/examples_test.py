@@ -129,12 +129,16 @@ def write_image_folder(root) -> str:
 
 def preemption_target(job: processes.Child, mode: str) -> psutil.Process:
     """Where a cluster manager's SIGTERM goes: worker 1 of a collective job
-    (its launcher's child with task index 1), else the one training
-    process (the in-graph controller, or the mirrored job)."""
-    if mode != "collective":
+    (its launcher's child with task index 1), the server of worker 1 of an
+    in-graph job (it records a notice that its controller reads), the one
+    training process of a mirrored job."""
+    if mode == "mirrored":
         return psutil.Process(job.pid)
     for child in psutil.Process(job.pid).children():
-        if '"index": 1}' in child.environ().get("TF_CONFIG", ""):
+        if mode == "collective":
+            if '"index": 1}' in child.environ().get("TF_CONFIG", ""):
+                return child
+        elif "--task_index=1" in child.cmdline():
             return child
     raise AssertionError("the job has no worker 1")
 

@@ -67,6 +67,12 @@ def test_close_puts_the_previous_handlers_back():
             r"signals\[1\]: 12345 is not a signal; expected e\.g\. "
             r"signal\.SIGTERM",
         ),
+        (
+            {"workers": ["/job:worker/replica:0/task:0"]},
+            TypeError,
+            r"workers: expected None or a tf_crossdevice\.cluster\."
+            r"WorkerReplicas",
+        ),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, error, message):

@@ -4,7 +4,9 @@
 (workers, local jobs, the benchmark's sides, test clients); `hosts` builds
 emulated hosts (network namespaces on shaped links); `_local` starts
 gRPC worker servers (`start_local_cluster`); `_in_graph` drives replicas
-on remote workers from one client (`WorkerReplicas`). The launcher's
+on remote workers from one client (`WorkerReplicas`); `serve` runs a
+worker server whose SIGTERM becomes a preemption notice for that client
+(`_notices`). The launcher's
 command line is `tf_crossdevice.launch`.
 
 May import: `_core`.
@@ -16,6 +18,7 @@ from tf_crossdevice.cluster._in_graph import (
     WorkerUnreachableError,
 )
 from tf_crossdevice.cluster._local import LocalCluster, start_local_cluster
+from tf_crossdevice.cluster._notices import serve
 
 __all__ = [
     "LocalCluster",
@@ -23,5 +26,6 @@ __all__ = [
     "WorkerUnreachableError",
     "hosts",
     "processes",
+    "serve",
     "start_local_cluster",
 ]

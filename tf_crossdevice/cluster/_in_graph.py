@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from tf_crossdevice._core import checks, tf_internal
 from tf_crossdevice._core.network import port_answers
+from tf_crossdevice.cluster import _notices
 
 # These search TensorFlow's error text for the tasks it names; parsing a
 # device argument is `tf_crossdevice._core.devices`'s job.
@@ -210,6 +211,24 @@ class WorkerReplicas:
                 raise self._explain(error, time.monotonic() - start) from error
             raise error
         return outcome["value"]
+
+    def preempted_workers(self) -> list[str]:
+        """The workers whose server has recorded a preemption notice (a
+        SIGTERM to a server started by `tf_crossdevice.cluster` or the
+        example job; see `_notices`), as '/job:worker/replica:0/task:1
+        (host:port)'. Each worker looks for its own notice on its own host:
+        one small op per worker.
+        """
+        found = []
+        for task, address in enumerate(self._addresses):
+            path = _notices.notice_path(
+                self._job_name, task, _notices.port_of(address)
+            )
+            with tf.device(f"{self._worker_devices[task]}/device:CPU:0"):
+                matches = tf.io.matching_files(path)
+            if matches.shape[0]:
+                found.append(task)
+        return self._describe(found)
 
     def _describe(self, tasks: Iterable[int]) -> list[str]:
         return [

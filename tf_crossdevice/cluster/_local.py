@@ -45,7 +45,7 @@ from absl import flags, logging
 from tf_crossdevice._core import checks
 from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core.network import port_answers
-from tf_crossdevice.cluster import _worker_main
+from tf_crossdevice.cluster import _notices, _worker_main
 from tf_crossdevice.cluster import hosts as _hosts
 from tf_crossdevice.cluster import processes as _processes
 
@@ -187,15 +187,18 @@ class LocalCluster:
     def stop(self) -> None:
         """Stops every worker and frees its port; safe to call repeatedly.
 
-        Sends SIGTERM to each worker's process tree, waits up to 5 s, then
-        sends SIGKILL, and reaps the processes: afterwards no worker process
-        is left and every `returncode` is set.
+        Closes each worker's stdin and sends SIGTERM to its process tree,
+        waits up to 5 s, then sends SIGKILL, and reaps the processes:
+        afterwards no worker process is left and every `returncode` is
+        set. The preemption notices that SIGTERM recorded are removed.
         """
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
         _processes.stop_all([w.child for w in self._workers])
+        for w in self._workers:
+            _notices.clear_notice(self._job_name, w.task_index, w.port)
 
     def __enter__(self) -> LocalCluster:
         return self

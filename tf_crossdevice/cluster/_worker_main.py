@@ -4,7 +4,8 @@ Run as `python -m tf_crossdevice.cluster._worker_main --cluster_spec=JSON
 --job_name=worker --task_index=I --cpus_per_worker=N`. The worker splits its
 CPU into N devices, starts a `tf.distribute.Server`, replies once to its
 launcher (`processes.reply({"ready": ..., "devices": ...})`) and serves
-until it is killed.
+until it is killed. A SIGTERM does not end it: it records a preemption
+notice for the client that drives it (`_notices`) and serves on.
 
 The worker also exits when its launcher is gone: when its stdin reaches end
 of file (the launcher holds the write end of that pipe, and the kernel
@@ -25,7 +26,7 @@ import sys
 import tensorflow as tf
 from absl import app, flags
 
-from tf_crossdevice.cluster import processes
+from tf_crossdevice.cluster import _notices, processes
 
 EXIT_BIND_FAILED = 75  # EX_TEMPFAIL: the port was taken; retry elsewhere.
 
@@ -89,6 +90,9 @@ def serve(
             return EXIT_BIND_FAILED
         return 1
 
+    # A SIGTERM is a preemption notice for the client (see _notices); the
+    # launcher stops this process by closing its stdin.
+    _notices.record_notices_of(server)
     processes.reply(
         {
             "ready": True,
@@ -99,8 +103,7 @@ def serve(
             },
         }
     )
-    server.join()
-    return 0
+    _notices.wait_forever()
 
 
 def _main(argv: list[str]) -> None:

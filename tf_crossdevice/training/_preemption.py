@@ -29,6 +29,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice._core import checks
+from tf_crossdevice.cluster import WorkerReplicas
 
 
 class PreemptionWatcher:
@@ -60,10 +61,18 @@ class PreemptionWatcher:
                     manager.save(checkpoint_number=step + 1)
                     break
 
+    An in-graph controller passes its `workers`: a SIGTERM to one of their
+    servers (started by `tf_crossdevice.cluster` or the example job, which
+    record it as a notice and serve on) then stops the controller at its
+    next check, while the server still holds its variables.
+
     Args:
         strategy: the job's `tf.distribute.Strategy` (its workers agree
             through its `reduce`); None for a single process, such as an
             in-graph controller.
+        workers: an in-graph controller's `WorkerReplicas`, whose servers'
+            preemption notices count as signals here (one small op per
+            worker at each check).
         check_every: agree on every this-many calls to `should_stop`; a
             signal waits for the next agreement. 1 costs one tiny
             all-reduce per step.
@@ -82,6 +91,7 @@ class PreemptionWatcher:
         *,
         check_every: int = 1,
         signals: Iterable[int] = (signal.SIGTERM,),
+        workers: WorkerReplicas | None = None,
     ) -> None:
         self._check_every = checks.positive_int(check_every, "check_every")
         chosen = list(signals)
@@ -98,7 +108,14 @@ class PreemptionWatcher:
                 "PreemptionWatcher: create it in the main thread; Python "
                 "installs signal handlers only there"
             )
+        if workers is not None and not isinstance(workers, WorkerReplicas):
+            raise TypeError(
+                "workers: expected None or a "
+                f"tf_crossdevice.cluster.WorkerReplicas, got {workers!r}"
+            )
         self._strategy = strategy if _num_workers(strategy) > 1 else None
+        self._workers = workers
+        self._preempted_workers: list[str] = []
         self._received = threading.Event()
         self._calls = 0
         self._stopping = False
@@ -116,6 +133,12 @@ class PreemptionWatcher:
         """Whether this process has received one of the signals."""
         return self._received.is_set()
 
+    @property
+    def preempted_workers(self) -> list[str]:
+        """The `workers` whose servers recorded a notice, as of the check
+        that stopped the job: '/job:worker/replica:0/task:1 (host:port)'."""
+        return list(self._preempted_workers)
+
     def should_stop(self) -> bool:
         """Whether every worker stops now; the same answer on every worker.
 
@@ -129,6 +152,9 @@ class PreemptionWatcher:
         if self._calls % self._check_every:
             return False
         flag = self._received.is_set()
+        if self._workers is not None:
+            self._preempted_workers = self._workers.preempted_workers()
+            flag = flag or bool(self._preempted_workers)
         if self._strategy is not None:
             flag = self._agree(flag)
         self._stopping = flag

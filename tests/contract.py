@@ -46,6 +46,64 @@ RTOL = {
 }
 
 
+# The factors of the contract's matrix tests, each value with its id. A class
+# whose every case is cheap runs their whole product; one whose cases are
+# slow (`EXHAUSTIVE = False`) runs `pairwise(...)` of them.
+FACTORS = {
+    "batched": ((False, "reduce"), (True, "batch")),
+    "op_name": tuple((name, name) for name in sorted(REDUCE_OPS)),
+    "kind": tuple((kind, kind) for kind in DESTINATION_KINDS),
+    "sparse": ((False, "dense"), (True, "sparse")),
+    "mode": tuple((mode, mode) for mode in MODES),
+}
+MATRIX_TESTS = {
+    "test_reduce": ("batched", "op_name", "kind", "sparse", "mode"),
+    "test_gather": ("kind", "sparse", "mode"),
+}
+
+
+def pairwise(factors: list[tuple]) -> list[tuple]:
+    """Rows of the product of `factors` (each a tuple of values) in which
+    every pair of values of any two factors appears at least once.
+
+    Greedy and deterministic: each next row is the first of the product
+    that covers the most pairs not yet covered.
+
+    >>> rows = pairwise([(0, 1), ("a", "b", "c"), (True, False)])
+    >>> len(rows), rows[0]
+    (6, (0, 'a', True))
+    """
+    product = list(itertools.product(*factors))
+
+    def pairs(row: tuple) -> set:
+        return {
+            (i, row[i], j, row[j])
+            for i, j in itertools.combinations(range(len(row)), 2)
+        }
+
+    uncovered = set().union(*map(pairs, product))
+    rows = []
+    while uncovered:
+        best = max(product, key=lambda row: len(pairs(row) & uncovered))
+        rows.append(best)
+        uncovered -= pairs(best)
+    return rows
+
+
+def matrix_cases(names: tuple[str, ...], exhaustive: bool):
+    """`pytest.param`s of the factors `names`: their product, or pairwise."""
+    factors = [FACTORS[name] for name in names]
+    chosen = (itertools.product if exhaustive else _pairwise_star)(*factors)
+    return [
+        pytest.param(*(v for v, _ in row), id="-".join(i for _, i in row))
+        for row in chosen
+    ]
+
+
+def _pairwise_star(*factors):
+    return pairwise(list(factors))
+
+
 def count_batch_reduce_calls(ops) -> list:
     """Wraps `ops.batch_reduce`; the returned list grows by one per call."""
     calls: list = []
@@ -259,16 +317,29 @@ def check(result, expected, devices, dtype, reduce_op, what=""):
 
 
 class CrossDeviceOpsContract:
-    """Subclass as `Test<Name>` and implement `make_ops`."""
+    """Subclass as `Test<Name>` and implement `make_ops`.
+
+    `EXHAUSTIVE = False` runs the matrix tests (`MATRIX_TESTS`) on a
+    pairwise cover of their factors instead of the whole product, and
+    `DEVICE_COUNTS` sets the device counts of the every-count test: for
+    classes whose cases each trace thousands of ops.
+    """
+
+    EXHAUSTIVE = True
+    DEVICE_COUNTS = (1, 2, 3, 4, 8)
 
     def make_ops(self) -> tf.distribute.CrossDeviceOps:
         raise NotImplementedError
 
-    @pytest.mark.parametrize("mode", MODES)
-    @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-    @pytest.mark.parametrize("kind", DESTINATION_KINDS)
-    @pytest.mark.parametrize("op_name", sorted(REDUCE_OPS))
-    @pytest.mark.parametrize("batched", [False, True], ids=["reduce", "batch"])
+    def pytest_generate_tests(self, metafunc):
+        names = MATRIX_TESTS.get(metafunc.function.__name__)
+        if names is not None:
+            metafunc.parametrize(
+                ",".join(names), matrix_cases(names, self.EXHAUSTIVE)
+            )
+        if metafunc.function.__name__ == "test_all_reduce_every_device_count":
+            metafunc.parametrize("num_devices", self.DEVICE_COUNTS)
+
     def test_reduce(self, batched, op_name, kind, sparse, mode):
         reduce_op = REDUCE_OPS[op_name]
         ops = self.make_ops()
@@ -323,9 +394,6 @@ class CrossDeviceOpsContract:
         for (dtype, replica), result in zip(cases, results, strict=True):
             check(result, densify(replica, sparse), want_devices, dtype, SUM)
 
-    @pytest.mark.parametrize("mode", MODES)
-    @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-    @pytest.mark.parametrize("kind", DESTINATION_KINDS)
     def test_gather(self, kind, sparse, mode):
         ops = self.make_ops()
         value_devices = device_names(NUM_DEVICES)
@@ -356,7 +424,6 @@ class CrossDeviceOpsContract:
             check(result, want, want_devices, dtype, SUM, f"axis {axis}")
 
     @pytest.mark.parametrize("mode", MODES)
-    @pytest.mark.parametrize("num_devices", [1, 2, 3, 4, 8])
     def test_all_reduce_every_device_count(self, num_devices, mode):
         """Values on their own devices: the all-reduce path, SUM and MEAN."""
         ops = self.make_ops()

@@ -21,6 +21,7 @@ import os
 import pathlib
 import re
 import socket
+import subprocess
 import sys
 import time
 
@@ -155,6 +156,27 @@ def test_links_are_shaped_and_cores_shared():
         assert len(set(addresses)) == 4
         assert all(a.startswith("198.18.") for a in addresses)
         assert bed.client_address.endswith(".254")
+
+
+def test_two_sets_of_hosts_coexist_in_one_process():
+    ping = [sys.executable, "-c", "print('up')"]
+    with (
+        hosts_lib.EmulatedHosts(2, "100mbit") as first,
+        hosts_lib.EmulatedHosts(1, "100mbit") as second,
+    ):
+        names = [h.namespace for h in first.hosts + second.hosts]
+        assert len(set(names)) == 3, names
+        assert first.client_address != second.client_address
+        for bed in (first, second):
+            for i in range(bed.num_hosts):
+                out = subprocess.run(
+                    bed.command(i, ping), capture_output=True, timeout=30
+                )
+                assert out.stdout == b"up\n", out
+        made = hosts_lib.leftovers(os.getpid())
+        # Three namespaces, their links and cgroups, and two bridges.
+        assert len(made) == 3 + 3 + 3 + 2, made
+    assert hosts_lib.leftovers(os.getpid()) == []
 
 
 # On host 1: a connection that starts with b"G" gets SIZE bytes back; one

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import itertools
 import os
 import pathlib
 import re
@@ -166,6 +167,7 @@ class EmulatedHosts:
         self.client_address = ""
         self._tag = f"{_PREFIX}{os.getpid()}"
         self._bridge = ""
+        self._numbers: list[int] = []
         self._baseline: list[tuple[int, int]] = []
 
     def __enter__(self) -> EmulatedHosts:
@@ -173,7 +175,24 @@ class EmulatedHosts:
         with _lock():
             remove_stale()
             subnet = _free_subnet()
-            self._bridge = f"{self._tag}br"
+            # Names free among this process's other live hosts, so that
+            # several sets of hosts can coexist in one process.
+            made = {name for _, name in _made(self._tag)}
+            self._bridge = next(
+                name
+                for k in itertools.count()
+                if (name := f"{self._tag}br{k or ''}") not in made
+            )
+            self._numbers = list(
+                itertools.islice(
+                    (
+                        n
+                        for n in itertools.count()
+                        if f"{self._tag}h{n}" not in made
+                    ),
+                    self.num_hosts,
+                )
+            )
             try:
                 self._build(subnet)
             except BaseException:
@@ -194,7 +213,8 @@ class EmulatedHosts:
         _ip("link", "set", self._bridge, "up")
         cores = os.cpu_count() or 1
         for i in range(self.num_hosts):
-            ns, link = f"{self._tag}h{i}", f"{self._tag}h{i}b"
+            number = self._numbers[i]
+            ns, link = f"{self._tag}h{number}", f"{self._tag}h{number}b"
             cgroup = _CGROUP_CPU / ns if self.cpu_share else None
             # Listed first, so that close() removes what half-built.
             self.hosts.append(Host(i, ns, f"{net}.{i + 1}", link, cgroup))
@@ -359,7 +379,7 @@ def remove_stale() -> list[str]:
         match = re.match(rf"{_PREFIX}(\d+)", name)
         if match is None or psutil.pid_exists(int(match[1])):
             continue
-        if name.endswith("br"):
+        if re.fullmatch(rf"{_PREFIX}\d+br\d*", name):
             _ip("link", "del", name, check=False)
         elif re.fullmatch(rf"{_PREFIX}\d+h\d+", name):
             _remove_host(name, f"{name}b", _CGROUP_CPU / name)

@@ -99,14 +99,13 @@ def launch(device: str, op: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
 
 def _describe(op: Any, args: Any, kwargs: Any, device: str) -> str:
     kind = getattr(op, "__name__", "collective").replace("_v2", "")
-    tensor = args[0] if args else None
-    shape = getattr(tensor, "shape", None)
-    dtype = getattr(getattr(tensor, "dtype", None), "name", "?")
-    size = shape.num_elements() if shape is not None else None
+    tensor: Any = args[0] if args else tf.constant(0.0)
+    size = tensor.shape.num_elements()
+    dtype = tensor.dtype
     amount = (
-        f"{dtype}[{size}] ({_mib(size * tensor.dtype.size)})"
+        f"{dtype.name}[{size}] ({_mib(size * dtype.size)})"
         if size is not None
-        else f"{dtype} of unknown size"
+        else f"{dtype.name} of unknown size"
     )
     name = kwargs.get("name")
     named = f" '{name}'" if name else ""

@@ -29,7 +29,8 @@ README.md). Bad flags and bad combinations exit with status 1 and a message
 naming the flag.
 
 Preemption: SIGTERM to any worker (or to this launcher, which passes it on
-to its workers; in_graph and mirrored: to the one training process) makes
+to its workers; in_graph: to the controller or a worker server, which
+records it for the controller; mirrored: to the one training process) makes
 every worker stop at one agreed step, save a checkpoint there, print
 "preempted: checkpoint saved at step N of M" and exit 0. The same command
 with the same --model_dir resumes from that step to the weights of an

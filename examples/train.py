@@ -260,7 +260,13 @@ def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
         device_type=device_type,
     )
     spec = v.all_reduce_spec or "pscpu/pscpu#2"
-    extra = {} if v.compression == "none" else {"compression": v.compression}
+    extra: dict[str, Any] = {}
+    if v.compression == "powersgd":
+        extra["compression"] = tf_crossdevice.compression.PowerSGD(
+            rank=v.powersgd_rank
+        )
+    elif v.compression != "none":
+        extra["compression"] = v.compression
     ops = tf_crossdevice.MultiWorkerAllReduce(
         replicas.worker_devices,
         per_worker if device_type == "GPU" else 0,

@@ -49,7 +49,11 @@ TAKES_COMPRESSION = (
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 # PowerSGD compresses gradients between workers: the collective classes
 # under our MultiWorkerMirroredStrategy.
-TAKES_POWERSGD = ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
+TAKES_POWERSGD = (
+    "CollectiveAllReduce",
+    "HierarchicalCollectiveAllReduce",
+    "MultiWorkerAllReduce",
+)
 IMPLEMENTATIONS = ("AUTO", "RING", "NCCL")
 # Logical CPU devices per worker where the host has no GPU for each worker.
 CPU_DEVICES_PER_WORKER = 2
@@ -223,7 +227,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         COMPRESSIONS,
         "Gradients on the wire in 16 bits (bf16, fp16), or as PowerSGD's "
         "rank --powersgd_rank factors with error feedback "
-        "(--mode=collective).",
+        "(--mode=collective or in_graph).",
         flag_values=fv,
     )
     d.DEFINE_integer(
@@ -609,12 +613,12 @@ def check_flags(v: dict[str, Any]) -> None:
             "only CPUs"
         )
     if v["compression"] == "powersgd" and (
-        mode != "collective" or name not in TAKES_POWERSGD
+        mode == "mirrored" or name not in TAKES_POWERSGD
     ):
         raise flags.ValidationError(
             "--compression: powersgd compresses gradients between workers "
-            f"with {' or '.join(TAKES_POWERSGD)} in --mode=collective; got "
-            f"--mode={mode} --cross_device_ops={name}"
+            f"with {', '.join(TAKES_POWERSGD)} in --mode=collective or "
+            f"in_graph; got --mode={mode} --cross_device_ops={name}"
         )
     if v["compression"] != "none" and name not in TAKES_COMPRESSION:
         raise flags.ValidationError(

@@ -492,16 +492,29 @@ def _train_in_graph(replicas, ops, config, data, watcher):
     for model in models[1:]:
         model.set_weights(models[0].get_weights())
     step_var = tf.Variable(0, dtype=tf.int64)
+    # A PowerSGD compressor's state (every replica's error, Q) lives on the
+    # controller's side of the job: it is saved with the weights.
+    compression = getattr(ops, "compression", None)
+    state = (
+        {"compression": compression}
+        if isinstance(compression, tf_crossdevice.compression.PowerSGD)
+        else {}
+    )
     checkpoint = tf.train.Checkpoint(
         weights=[_value(v) for v in models[0].weights],
         velocity=velocities[0],
         step=step_var,
+        **state,
     )
     manager = tf.train.CheckpointManager(
         checkpoint, config.model_dir, max_to_keep=2
     )
     if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_consumed()
+        status = checkpoint.restore(manager.latest_checkpoint)
+        if state:  # The compressor's variables come with the first step.
+            status.assert_existing_objects_matched()
+        else:
+            status.assert_consumed()
         for model, velocity in zip(models[1:], velocities[1:], strict=True):
             model.set_weights(models[0].get_weights())
             for v, v0 in zip(velocity, velocities[0], strict=True):

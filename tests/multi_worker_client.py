@@ -55,6 +55,12 @@ def spec_from_json(spec):
 
 def make_ops(case, replicas):
     agg_bytes, agg_group = case.get("agg", (0, 10))
+    extra = {}
+    if "powersgd" in case:  # [rank, min_compression_size]
+        rank, min_size = case["powersgd"]
+        extra["compression"] = tf_crossdevice.compression.PowerSGD(
+            rank=rank, min_compression_size=min_size
+        )
     return tf_crossdevice.MultiWorkerAllReduce(
         replicas.worker_devices,
         0,
@@ -62,6 +68,7 @@ def make_ops(case, replicas):
         num_packs=case.get("num_packs", 0),
         agg_small_grads_max_bytes=agg_bytes,
         agg_small_grads_max_group=agg_group,
+        **extra,
     )
 
 

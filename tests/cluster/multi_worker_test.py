@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import tf_crossdevice
 from tests import multi_worker_client
+from tests.compression import powersgd_reference
 from tf_crossdevice.cluster import _local as cluster
 from tf_crossdevice.cluster import processes as _processes
 
@@ -69,6 +70,18 @@ def cases_for(replicas_per_worker):
             "replicas_per_worker": replicas_per_worker,
             "reduce_op": "mean",
             "seed": 99,
+        }
+    )
+    # PowerSGD at rank 1: the (3, 5) float32 value (position 2) goes as
+    # low-rank factors, the others exactly.
+    cases.append(
+        {
+            "name": f"powersgd-{replicas_per_worker}",
+            "spec": "pscpu/pscpu#2",
+            "replicas_per_worker": replicas_per_worker,
+            "reduce_op": "mean",
+            "seed": 5,
+            "powersgd": [1, 0],
         }
     )
     cases.append(
@@ -142,8 +155,9 @@ def test_every_case_equals_numpy_on_every_replica(results):
             for t in range(num_workers)
             for i in range(per_worker)
         ]
-        for k, arrays in enumerate(inputs):
-            want = np.sum(np.asarray(arrays, np.float64), axis=0)
+        sums = expected_sums(case, inputs, num_replicas)
+        for k in range(len(inputs)):
+            want = sums[k]
             if case["reduce_op"] == "mean":
                 want = want / num_replicas  # Every replica of every worker.
             assert got["devices"][k] == want_devices, case["name"]
@@ -152,9 +166,39 @@ def test_every_case_equals_numpy_on_every_replica(results):
                 np.testing.assert_allclose(
                     np.asarray(replica_result, np.float64),
                     want,
-                    rtol=1e-6,
+                    rtol=1e-6 if k not in compressed(case) else 1e-4,
+                    atol=0 if k not in compressed(case) else 1e-4,
                     err_msg=f"{case['name']} value {k}",
                 )
+
+
+def compressed(case) -> dict:
+    """Position -> shape of the values a case's PowerSGD compresses."""
+    return {2: (3, 5)} if "powersgd" in case else {}
+
+
+def expected_sums(case, inputs, num_replicas) -> list:
+    """Value k's sum over every replica: numpy's, or for what PowerSGD
+    compresses, the numpy PowerSGD's (one step, from a fresh state)."""
+    exact = [np.sum(np.asarray(a, np.float64), axis=0) for a in inputs]
+    if "powersgd" not in case:
+        return exact
+    rank, _ = case["powersgd"]
+    reference = powersgd_reference.NumpyPowerSGD(
+        compressed(case), rank, num_replicas, dtype=tf.float32
+    )
+    approx = reference.sum(
+        {
+            k: [np.asarray(a, np.float64) for a in inputs[k]]
+            for k in compressed(case)
+        }
+    )
+    # Rank 1 of a 3x5 sum: not the sum itself (the test would not see a
+    # missing compression).
+    for k, value in approx.items():
+        assert not np.allclose(value, exact[k], atol=1e-3), k
+        exact[k] = value
+    return exact
 
 
 def test_integer_sums_stay_integers(results):

@@ -197,8 +197,9 @@ def test_the_defaults_are_the_main_job():
         (
             {"mode": "mirrored", "compression": "powersgd"},
             r"--compression: powersgd compresses gradients between workers "
-            r"with CollectiveAllReduce or HierarchicalCollectiveAllReduce in "
-            r"--mode=collective; got --mode=mirrored --cross_device_ops=auto",
+            r"with CollectiveAllReduce, HierarchicalCollectiveAllReduce, "
+            r"MultiWorkerAllReduce in --mode=collective or in_graph; got "
+            r"--mode=mirrored --cross_device_ops=auto",
         ),
         (
             {"batch_size": 30},

@@ -157,7 +157,8 @@ def alive(process: psutil.Process) -> bool:
 # workers x 2 devices, HierarchicalCollectiveAllReduce, model.fit, the CNN),
 # small, with PowerSGD, whose state each worker saves and restores (its
 # classifier's 2048x3 kernel is compressed: the resumed weights match only
-# if each replica's error and Q come back).
+# if each replica's error and Q come back). in_graph: PowerSGD too, its
+# state saved by the controller (the 192x32 hidden kernel is compressed).
 MODE_FLAGS = {
     "mirrored": ["--mode=mirrored", "--loop=custom", "--model=dense"],
     "collective": [
@@ -169,7 +170,10 @@ MODE_FLAGS = {
     "in_graph": [
         "--mode=in_graph",
         "--model=dense",
+        "--width=32",
         "--all_reduce_spec=xring#2",
+        "--compression=powersgd",
+        "--powersgd_rank=1",
     ],
 }
 

@@ -43,8 +43,7 @@ import tensorflow as tf
 from tf_crossdevice._core import checks, tf_internal
 from tf_crossdevice.collective import _runtime as collective_runtime
 from tf_crossdevice.collective._group import Group, Options
-from tf_crossdevice.compression import _codec as codec
-from tf_crossdevice.compression._powersgd import PowerSGD
+from tf_crossdevice.compression._powersgd import PowerSGD, split_compression
 from tf_crossdevice.ops import _base
 from tf_crossdevice.ops._base import Item, ReduceOp, Value
 
@@ -83,12 +82,7 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
         self._num_workers = checks.positive_int(num_workers, "num_workers")
         # A PowerSGD compressor approximates the sums of batch reductions
         # (gradients); the wire codec, if any, applies to every reduction.
-        self._powersgd = (
-            compression if isinstance(compression, PowerSGD) else None
-        )
-        self._compression = (
-            None if self._powersgd else check_compression(compression)
-        )
+        self._compression, self._powersgd = split_compression(compression)
         self._options = _base.check_options(options)
         if collective_keys is not None and not tf_internal.is_collective_keys(
             collective_keys
@@ -391,18 +385,6 @@ class CollectiveOpsBase(_base.CrossDeviceOpsBase):
             f"{type(self).__name__} reduces in cross-replica context "
             "(merge_call) only"
         )
-
-
-def check_compression(value: Any) -> str | None:
-    """`value` if it is None, "bf16" or "fp16"; else ValueError naming a
-    PowerSGD compressor too."""
-    try:
-        return codec.check_compression(value)
-    except ValueError:
-        raise ValueError(
-            f"compression: unknown value {value!r}; expected one of None, "
-            "'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD"
-        ) from None
 
 
 def launch_order(units: Sequence[list[int]]) -> list[list[int]]:

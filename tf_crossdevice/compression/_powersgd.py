@@ -95,6 +95,7 @@ from typing import Any, TypeAlias
 import tensorflow as tf
 
 from tf_crossdevice._core import checks, tf_internal
+from tf_crossdevice.compression import _codec as codec
 
 Value: TypeAlias = Any
 """A dense tf.Tensor or a tf.IndexedSlices."""
@@ -584,6 +585,29 @@ class PowerSGD(tf.Module):
                 [_on(devices, i, tf.identity, t) for i, t in enumerate(v)]
                 for v in results
             ]
+
+
+def split_compression(value: Any) -> tuple[str | None, PowerSGD | None]:
+    """A between-worker reduction's `compression` argument as (the wire
+    codec, the PowerSGD compressor): one of them, or neither.
+
+    >>> split_compression("bf16")
+    ('bf16', None)
+    >>> split_compression("powersgd")
+    Traceback (most recent call last):
+    ...
+    ValueError: compression: unknown value 'powersgd'; expected one of \
+None, 'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD
+    """
+    if isinstance(value, PowerSGD):
+        return None, value
+    try:
+        return codec.check_compression(value), None
+    except ValueError:
+        raise ValueError(
+            f"compression: unknown value {value!r}; expected one of None, "
+            "'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD"
+        ) from None
 
 
 def orthogonalize(matrix: tf.Tensor) -> tf.Tensor:

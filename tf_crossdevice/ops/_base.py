@@ -645,9 +645,7 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
             for i, per_device in zip(indices, summed, strict=True):
                 if reduce_op == ReduceOp.MEAN:
                     count = self._replica_count(items[i])
-                    per_device = [
-                        _divide_in_place(t, count) for t in per_device
-                    ]
+                    per_device = [divide_in_place(t, count) for t in per_device]
                 results[i] = regroup(per_device)
         return results
 
@@ -700,7 +698,7 @@ def _gather_sparse(
         )
 
 
-def _divide_in_place(tensor: tf.Tensor, count: int) -> Value:
+def divide_in_place(tensor: tf.Tensor, count: int) -> Value:
     with tf.device(tensor.device):
         return divide(tensor, count)
 

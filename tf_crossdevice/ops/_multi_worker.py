@@ -9,6 +9,7 @@ from absl import logging
 
 from tf_crossdevice._core import checks
 from tf_crossdevice._core import devices as devices_lib
+from tf_crossdevice.compression._powersgd import PowerSGD, split_compression
 from tf_crossdevice.ops import _base
 from tf_crossdevice.ops import _spec as _spec_ops
 
@@ -53,7 +54,13 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         compression: keyword-only; None, 'bf16' or 'fp16': float32 and
             float64 values cross workers as 16 bits (see `SpecAllReduce`;
             with the default spec, the sums of the workers travel
-            compressed to the CPU that gathers each shard, and back).
+            compressed to the CPU that gathers each shard, and back). Or a
+            `tf_crossdevice.compression.PowerSGD`: with more than one
+            worker, `batch_reduce` (what optimizers' gradients go through)
+            all-reduces its low-rank factors instead of the float32 and
+            float64 matrices it compresses, keeping each replica's error on
+            the replica's device; everything else, and `reduce`,
+            `broadcast` and `gather` always, is exact.
 
     Raises:
         TypeError: an argument of the wrong type.
@@ -86,14 +93,15 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         agg_small_grads_max_bytes: int = 0,
         agg_small_grads_max_group: int = 10,
         *,
-        compression: str | None = None,
+        compression: str | PowerSGD | None = None,
     ):
+        wire, self._powersgd = split_compression(compression)
         super().__init__(
             all_reduce_spec,
             num_packs=num_packs,
             agg_small_grads_max_bytes=agg_small_grads_max_bytes,
             agg_small_grads_max_group=agg_small_grads_max_group,
-            compression=compression,
+            compression=wire,
         )
         checks.string_list(
             worker_devices, "worker_devices", "worker device string"
@@ -116,22 +124,75 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         """The workers, as '/job:J/replica:R/task:T'."""
         return self._worker_names
 
+    @property
+    def compression(self) -> Any:
+        """None, 'bf16', 'fp16' or the PowerSGD compressor."""
+        return self._powersgd or self._compression
+
+    @_base._no_autograph
+    def batch_reduce(
+        self, reduce_op: Any, value_destination_pairs: Any, options: Any = None
+    ) -> list[Any]:
+        """Reduces several (value, destinations) pairs in one go; with a
+        PowerSGD `compression` and more than one worker, the dense values
+        all-reduced on their own devices go through the compressor."""
+        if self._powersgd is None or len(self._worker_names) == 1:
+            # One worker: nothing crosses a worker boundary.
+            return super().batch_reduce(
+                reduce_op, value_destination_pairs, options
+            )
+        reduce_op = _base.check_reduce_op(reduce_op)
+        _base.check_options(options)
+        items = self._items_from_pairs(value_destination_pairs)
+        for item in items:
+            self._check_item(item)
+        results: list[Any] = [None] * len(items)
+        by_devices: dict[tuple[str, ...], list[int]] = {}
+        rest = []
+        for i, item in enumerate(items):
+            if (
+                not item.sparse
+                and len(item.devices) > 1
+                and item.destinations == item.devices
+            ):
+                by_devices.setdefault(item.devices, []).append(i)
+            else:
+                rest.append(i)
+        for devices, indices in by_devices.items():
+            summed = self._powersgd.sum(
+                [list(items[i].components) for i in indices],
+                self._all_reduce_dense,
+                devices,
+            )
+            for i, per_device in zip(indices, summed, strict=True):
+                if reduce_op == _base.ReduceOp.MEAN:
+                    per_device = [
+                        _base.divide_in_place(t, len(devices))
+                        for t in per_device
+                    ]
+                results[i] = _base.regroup(per_device)
+        exact = self._reduce_items(reduce_op, [items[i] for i in rest], None)
+        for i, result in zip(rest, exact, strict=True):
+            results[i] = result
+        return results
+
     def _reduce_batch(self, reduce_op, items, options):
         for item in items:
-            # Unplaced, a component and its share of the reduction would run
-            # wherever TensorFlow puts them: the client's CPU, which then
-            # receives every worker's whole input.
-            _base.check_placed(
-                item,
-                "MultiWorkerAllReduce reduces each component on its own worker",
-            )
-            self._check_workers(item.argument, item.devices)
-            # A destination '' is left for TensorFlow to place.
-            self._check_workers(
-                "destinations", [d for d in item.destinations if d]
-            )
-            self._check_device_type(item.devices)
+            self._check_item(item)
         return super()._reduce_batch(reduce_op, items, options)
+
+    def _check_item(self, item: _base.Item) -> None:
+        # Unplaced, a component and its share of the reduction would run
+        # wherever TensorFlow puts them: the client's CPU, which then
+        # receives every worker's whole input.
+        _base.check_placed(
+            item,
+            "MultiWorkerAllReduce reduces each component on its own worker",
+        )
+        self._check_workers(item.argument, item.devices)
+        # A destination '' is left for TensorFlow to place.
+        self._check_workers("destinations", [d for d in item.destinations if d])
+        self._check_device_type(item.devices)
 
     def _check_workers(self, argument: str, devices: Sequence[str]) -> None:
         for device in devices:

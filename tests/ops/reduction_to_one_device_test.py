@@ -9,6 +9,10 @@ from tests import contract
 
 
 class TestReductionToOneDevice(contract.CrossDeviceOpsContract):
+    # TensorFlow's default, cheap to run: the one class that runs every
+    # case of the matrix tests (the others run a pairwise cover).
+    EXHAUSTIVE = True
+
     def make_ops(self):
         return tf_crossdevice.ReductionToOneDevice()
 

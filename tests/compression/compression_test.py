@@ -374,20 +374,26 @@ def test_registered_algorithm_without_compression_is_refused():
 
 
 @pytest.mark.parametrize(
-    "make",
+    ("make", "allowed"),
     [
-        lambda c: tf_crossdevice.SpecAllReduce("xring", compression=c),
-        lambda c: tf_crossdevice.MultiWorkerAllReduce(
-            ["/job:localhost/task:0"], 0, compression=c
+        (
+            lambda c: tf_crossdevice.SpecAllReduce("xring", compression=c),
+            "None, 'bf16', 'fp16'",
+        ),
+        (
+            lambda c: tf_crossdevice.MultiWorkerAllReduce(
+                ["/job:localhost/task:0"], 0, compression=c
+            ),
+            "None, 'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD",
         ),
     ],
     ids=["SpecAllReduce", "MultiWorkerAllReduce"],
 )
-def test_classes_check_compression(make):
+def test_classes_check_compression(make, allowed):
     with pytest.raises(ValueError) as e:
         make("bf8")
     assert str(e.value) == (
-        "compression: unknown value 'bf8'; expected one of None, 'bf16', 'fp16'"
+        f"compression: unknown value 'bf8'; expected one of {allowed}"
     )
     assert make("fp16").compression == "fp16"
     assert make(None).compression is None

@@ -58,12 +58,6 @@ STALL_WARNING = 2.0
 SIZE = 1 << 18
 CRAWL = "100kbit"
 STALLED = re.compile(r"Stalled collective: step (\d+) of (\S+) .*")
-# The collective the report says the step waits in: worker 0's all-reduce.
-IN_FLIGHT_ALL_REDUCE = re.compile(
-    r"It waits in collective 1 of 1 on its device: all-reduce '[^']+' of "
-    rf"float32\[{SIZE}\] \(1 MiB\) on "
-    r"/job:worker/replica:0/task:0/device:CPU:0\."
-)
 
 SERVE = """
 import socket, sys
@@ -278,7 +272,6 @@ def test_the_stall_report_names_a_host_on_a_slowed_link(workers):
         f"Slow: /job:worker/replica:0/task:1 ({addresses[1]}): its link "
         "is slow" in report
     ), report
-    assert IN_FLIGHT_ALL_REDUCE.search(report), report
     assert "Not reachable" not in report, report
     # The steps carry on at full rate; the stalled one was reported once.
     restored_at = time.time()
@@ -313,7 +306,6 @@ def test_a_host_cut_off_is_reported_then_named_by_the_timeout_s_error(
         f"Not reachable: /job:worker/replica:0/task:1 ({addresses[1]})"
         in report
     ), report
-    assert IN_FLIGHT_ALL_REDUCE.search(report), report
     assert "Slow:" not in report, report
     # ...and the timeout's error names it again.
     check_both_fail_naming_each_other(children, addresses, cut_at)

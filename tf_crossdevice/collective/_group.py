@@ -46,7 +46,6 @@ from absl import logging
 
 from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core import tf_internal
-from tf_crossdevice.collective import _progress
 from tf_crossdevice.compression import _codec as codec
 from tf_crossdevice.compression._codec import gather_compression_pays
 
@@ -370,7 +369,7 @@ def _launch(device: str, op: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
     wait for each other for good.
     """
     if tf.compat.v1.executing_eagerly_outside_functions():
-        return _progress.launch(device, op, *args, **kwargs)
+        return op(*args, **kwargs)
     last = _last_in_graph.setdefault(tf.compat.v1.get_default_graph(), {})
     previous = [last[device]] if device in last else []
     with tf.control_dependencies(previous):

@@ -76,14 +76,11 @@ def reporting_unreachable_peers(
 
     If the block has not ended after `stall_warning_seconds`, one warning
     is logged (absl, WARNING) that names the step (the count of blocks this
-    process has run, nested ones counted with the outer one), the
-    collective it waits in (when the step's tf.function was first traced
-    inside such a block: its collectives then count themselves in and
-    out) and, for each peer, whether its link is slow (packets still
-    arrive, but wait in a queue: a round trip of at least 0.1 s and ten
-    times the least seen on the same connections; or its data trickles, at
-    least 1 KiB but under 1 MB/s over the report's second of watching),
-    it is not reachable (its
+    process has run, nested ones counted with the outer one) and, for each
+    peer, whether its link is slow (packets still arrive, but wait in a
+    queue: a round trip of at least 0.1 s and ten times the least seen on
+    the same connections; or its data trickles, at least 1 KiB but under
+    1 MB/s over the report's second of watching), it is not reachable (its
     port does not answer within `probe_seconds`, or nothing arrived from it
     for half the wait while data to it waits), or it answers on a quick
     link (then it has not reached the collective). The rule reads this

@@ -10,17 +10,10 @@ whether the peer's gRPC port accepts a connection. After a step has waited
 `classify` and logs one warning:
 
     W ... Stalled collective: step 57 of /job:worker/replica:0/task:0 has
-    waited 2.0 s in its collectives (timeout_seconds=12). It waits in
-    collective 1 of 1 on its device: all-reduce
-    'CollectiveAllReduce_all_reduce' of float32[262144] (1 MiB) on
-    /job:worker/replica:0/task:0/device:CPU:0. Slow:
+    waited 2.0 s in its collectives (timeout_seconds=12). Slow:
     /job:worker/replica:0/task:1 (198.18.1.2:21374): its link is slow
     (round trip 0.25 s, 0.01 ms at best; 17.6 kB/s over 1.0 s). Look at
     those hosts and their links before the timeout ends the job.
-
-Which collective the step waits in comes from progress marks
-(`_progress`): a step traced inside the report's block counts each of its
-collectives in and out.
 
 The rule (`classify`), for a step that has waited W seconds:
 
@@ -70,7 +63,6 @@ from absl import logging
 
 from tf_crossdevice._core import checks
 from tf_crossdevice._core.network import ports_answer
-from tf_crossdevice.collective import _progress
 from tf_crossdevice.collective._runtime import CollectiveCluster
 
 # A round trip this long is slow on any network a collective runs on...
@@ -186,11 +178,8 @@ def describe(
     waited_seconds: float,
     where: str,
     timeout_seconds: float | None = None,
-    in_flight: str = "",
 ) -> str:
-    """The stall report's text for `links` (see the module docstring);
-    `in_flight` names the collective the step waits in, when known
-    (`_progress.describe_in_flight`).
+    """The stall report's text for `links` (see the module docstring).
 
     >>> quick = PeerLink("/job:worker/replica:0/task:1", "h:1", True, 1,
     ...                  0.01, 0.002, 0.0001, 0)
@@ -220,7 +209,7 @@ this step's collectives (still computing, hung, or running others): \
         for link, v in zip(links, verdicts, strict=True)
         if v is Verdict.NOT_REACHABLE
     ]
-    parts = [head, in_flight] if in_flight else [head]
+    parts = [head]
     if slow:
         parts.append("Slow: " + "; ".join(slow) + ".")
         if len(slow) == len(links) > 1:
@@ -336,18 +325,16 @@ def watching_for_stall(
 
     def report() -> None:
         waited = time.monotonic() - started
-        in_flight = _progress.describe_in_flight()
         links = observe_peers(cluster, probe_seconds)
         logging.warning(
             "Stalled collective: %s",
-            describe(links, waited, where, timeout_seconds, in_flight),
+            describe(links, waited, where, timeout_seconds),
         )
 
     ticket = _watchdog.watch(warning_seconds, report)
     _state.watching = True
     try:
-        with _progress.marking():
-            yield
+        yield
     finally:
         _state.watching = False
         _watchdog.cancel(ticket)

@@ -624,7 +624,28 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
         only.
         """
         results: list[Any] = [None] * len(items)
-        all_reduce: dict[tuple[str, ...], list[int]] = {}
+        rest = self._all_reduce_groups(
+            reduce_op,
+            items,
+            results,
+            lambda batch, _: self._all_reduce_dense(batch),
+        )
+        for i in rest:
+            results[i] = self._reduce_on_one_device(reduce_op, items[i])
+        return results
+
+    def _all_reduce_groups(
+        self,
+        reduce_op: ReduceOp,
+        items: list[Item],
+        results: list[Any],
+        sum_batch: Any,
+    ) -> list[int]:
+        """Puts into `results` the items all-reduced on their own devices
+        (dense, several devices), summed by `sum_batch(batch, devices)` one
+        group of devices at a time; returns the indices of the others."""
+        groups: dict[tuple[str, ...], list[int]] = {}
+        rest = []
         for i, item in enumerate(items):
             if (
                 not item.sparse
@@ -636,18 +657,18 @@ class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
                     f"{type(self).__name__} all-reduces on the components' "
                     "own devices",
                 )
-                all_reduce.setdefault(item.devices, []).append(i)
+                groups.setdefault(item.devices, []).append(i)
             else:
-                results[i] = self._reduce_on_one_device(reduce_op, item)
-        for indices in all_reduce.values():
+                rest.append(i)
+        for devices, indices in groups.items():
             batch = [list(items[i].components) for i in indices]
-            summed = self._all_reduce_dense(batch)
+            summed = sum_batch(batch, devices)
             for i, per_device in zip(indices, summed, strict=True):
                 if reduce_op == ReduceOp.MEAN:
                     count = self._replica_count(items[i])
                     per_device = [divide_in_place(t, count) for t in per_device]
                 results[i] = regroup(per_device)
-        return results
+        return rest
 
     def _reduce_on_one_device(self, reduce_op: ReduceOp, item: Item) -> Any:
         device = self._reduce_to_device or item.destinations[0]

@@ -147,31 +147,16 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         for item in items:
             self._check_item(item)
         results: list[Any] = [None] * len(items)
-        by_devices: dict[tuple[str, ...], list[int]] = {}
-        rest = []
-        for i, item in enumerate(items):
-            if (
-                not item.sparse
-                and len(item.devices) > 1
-                and item.destinations == item.devices
-            ):
-                by_devices.setdefault(item.devices, []).append(i)
-            else:
-                rest.append(i)
-        for devices, indices in by_devices.items():
-            summed = self._powersgd.sum(
-                [list(items[i].components) for i in indices],
-                self._all_reduce_dense,
-                devices,
-            )
-            for i, per_device in zip(indices, summed, strict=True):
-                if reduce_op == _base.ReduceOp.MEAN:
-                    per_device = [
-                        _base.divide_in_place(t, len(devices))
-                        for t in per_device
-                    ]
-                results[i] = _base.regroup(per_device)
-        exact = self._reduce_items(reduce_op, [items[i] for i in rest], None)
+        powersgd = self._powersgd
+        rest = self._all_reduce_groups(
+            reduce_op,
+            items,
+            results,
+            lambda batch, devices: powersgd.sum(
+                batch, self._all_reduce_dense, devices
+            ),
+        )
+        exact = self._reduce_items(reduce_op, [items[i] for i in rest], options)
         for i, result in zip(rest, exact, strict=True):
             results[i] = result
         return results

@@ -351,6 +351,10 @@ def test_state_on_each_replica_device():
     state = compressor.state(0)
     assert [e.device for e in state.errors] == devices
     assert state.q.device == devices[0]
+    assert [q.device for q in state.q_replicas] == devices
+    assert state.q_replicas[0] is state.q
+    for copy in state.q_replicas[1:]:
+        np.testing.assert_array_equal(copy.numpy(), state.q.numpy())
     assert [s.device for s in sums[0]] == devices
     # Optimizer state, not weights: nothing a tape or an optimizer trains.
     assert compressor.variables
@@ -464,11 +468,12 @@ def test_a_non_finite_step_returns_non_finite_and_leaves_the_state():
     compressor.sum(batch_of(first), RecordingSum())
     reference.sum(first)
     state = compressor.state(0)
-    before = [v.numpy() for v in (state.q, *state.errors)]
+    before = [v.numpy() for v in (*state.q_replicas, *state.errors)]
     sums = compressor.sum(batch_of(bad), RecordingSum())
     assert np.isnan(sums[0][0].numpy()).any()  # Not hidden from the optimizer.
     np.testing.assert_array_equal(sums[1][0].numpy(), np.sum(bad[1], 0))
-    for value, saved in zip((state.q, *state.errors), before, strict=True):
+    kept = (*state.q_replicas, *state.errors)
+    for value, saved in zip(kept, before, strict=True):
         np.testing.assert_array_equal(value.numpy(), saved)
     # The next step goes on as if the bad one never happened.
     sums = compressor.sum(batch_of(last), RecordingSum())

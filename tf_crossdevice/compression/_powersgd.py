@@ -51,9 +51,11 @@ Decisions, and why:
   batch (vectors, scalars, small tensors, integers, 16-bit floats,
   IndexedSlices) is summed exactly, in one call of the sum.
 - State is keyed by position in the batch: the factor Q of every
-  compressed tensor and its error on every replica live in variables the
+  compressed tensor and its error, on every replica, live in variables the
   compressor owns (it is a `tf.Module`, so `tf.train.Checkpoint(...,
-  compression=compressor)` saves and restores them). They are created on
+  compression=compressor)` saves and restores them). Every replica keeps its
+  own copy of Q (the same values: each updates it from the same all-reduced
+  sum), so that no step reads Q from another worker. They are created on
   first use, inside a tf.function's first trace too. This assumes the same
   batch of gradients every step, in the same order (an optimizer's
   gradients are); a later batch of other shapes or dtypes raises. A batch
@@ -118,8 +120,12 @@ class MatrixState:
         matrix_shape: (n, m), the matrix it is reshaped to.
         rank: r = min(n, m, the compressor's rank).
         q: the factor Q, (m, r): the last step's all-reduced Q (before the
-            next step orthogonalises it), or the seeded initial one.
+            next step orthogonalises it), or the seeded initial one; the
+            first replica's copy.
         errors: the error feedback of each replica, (n, m) each.
+        q_replicas: every replica's copy of Q, each on its replica's
+            device (the first is `q`): the same values, kept where they are
+            used, so that no step reads Q across a worker boundary.
     """
 
     position: int
@@ -128,16 +134,18 @@ class MatrixState:
     rank: int
     q: tf.Variable
     errors: tuple[tf.Variable, ...]
+    q_replicas: tuple[tf.Variable, ...]
 
 
 class _Matrix(tf.Module):
     """The variables of one compressed tensor, tracked for checkpoints."""
 
     def __init__(
-        self, q: tf.Variable, errors: list[tf.Variable], name: str
+        self, qs: list[tf.Variable], errors: list[tf.Variable], name: str
     ) -> None:
         super().__init__(name=name)
-        self.q = q
+        self.q = qs[0]
+        self.q_copies = qs[1:]
         self.errors = errors
 
 
@@ -313,7 +321,13 @@ class PowerSGD(tf.Module):
         shape, n, m, r = self._layout[position]
         matrix = self._matrices[_key(position)]
         return MatrixState(
-            position, shape, (n, m), r, matrix.q, tuple(matrix.errors)
+            position,
+            shape,
+            (n, m),
+            r,
+            matrix.q,
+            tuple(matrix.errors),
+            (matrix.q, *matrix.q_copies),
         )
 
     # ---- Summing ------------------------------------------------------------
@@ -447,17 +461,18 @@ class PowerSGD(tf.Module):
             r = min(n, m, self._rank)
             dtype = tensor.dtype
             with tf.init_scope():
-                with _device(devices, 0):
-                    q = tf_internal.new_resource_variable(
-                        tf.random.stateless_normal(
-                            (m, r), seed=(self._seed, k), dtype=dtype
-                        ),
-                        trainable=False,
-                        name=f"powersgd_q_{k}",
-                    )
-                errors = []
+                qs, errors = [], []
                 for i in range(replicas):
                     with _device(devices, i):
+                        qs.append(
+                            tf_internal.new_resource_variable(
+                                tf.random.stateless_normal(
+                                    (m, r), seed=(self._seed, k), dtype=dtype
+                                ),
+                                trainable=False,
+                                name=f"powersgd_q_{k}" + f"_{i}" * (i > 0),
+                            )
+                        )
                         errors.append(
                             tf_internal.new_resource_variable(
                                 tf.zeros((n, m), dtype),
@@ -468,7 +483,7 @@ class PowerSGD(tf.Module):
             self._layout[k] = (shape, n, m, r)
             # Assigning tracks the new variables; a checkpoint restored
             # before they existed fills them in now.
-            self._matrices[_key(k)] = _Matrix(q, errors, _key(k))
+            self._matrices[_key(k)] = _Matrix(qs, errors, _key(k))
 
     def _compressed_sums(
         self,
@@ -480,6 +495,7 @@ class PowerSGD(tf.Module):
         replicas = len(matrices[0])
         layouts = [self._layout[k] for k in positions]
         states = [self._matrices[_key(k)] for k in positions]
+        qs = [[state.q, *state.q_copies] for state in states]
         # One all-reduce of every P (and one of every Q) per dtype.
         dtypes = list(dict.fromkeys(value[0].dtype for value in matrices))
         groups = [
@@ -489,17 +505,15 @@ class PowerSGD(tf.Module):
 
         m_of: dict[tuple[int, int], tf.Tensor] = {}
         old_error: dict[tuple[int, int], tf.Tensor] = {}
-        old_q: dict[int, tf.Tensor] = {}
+        old_q: dict[tuple[int, int], tf.Tensor] = {}
         p_local: dict[tuple[int, int], tf.Tensor] = {}
         for j, (value, (_, n, m, _), state) in enumerate(
             zip(matrices, layouts, states, strict=True)
         ):
             for i in range(replicas):
                 with _device(devices, i):
-                    q_read = state.q.read_value()
-                    if i == 0:
-                        old_q[j] = q_read
-                    q = orthogonalize(q_read)
+                    old_q[j, i] = qs[j][i].read_value()
+                    q = orthogonalize(old_q[j, i])
                     matrix = tf.reshape(value[i], (n, m))
                     old_error[j, i] = state.errors[i].read_value()
                     m_of[j, i] = matrix + old_error[j, i]
@@ -525,8 +539,11 @@ class PowerSGD(tf.Module):
                     for j, part in zip(group, parts, strict=True):
                         _, n, _, r = layouts[j]
                         p_hat[j, i] = orthogonalize(tf.reshape(part, (n, r)))
-                        q_local[j, i] = tf.matmul(
-                            m_of[j, i], p_hat[j, i], transpose_a=True
+                        # M^T P^ as (P^T M)^T: a product that reads M along
+                        # its rows, several times faster than transposing
+                        # M's reads; only the small result is transposed.
+                        q_local[j, i] = tf.transpose(
+                            tf.matmul(p_hat[j, i], m_of[j, i], transpose_a=True)
                         )
 
         q_sums = all_sum(
@@ -564,22 +581,22 @@ class PowerSGD(tf.Module):
                         # sum too: an optimizer with loss scaling skips
                         # that step, and so does the state, which would
                         # otherwise stay non-finite for good.
+                        # A cond, not tf.where: it picks a whole tensor
+                        # without a pass over its elements.
                         finite = tf.reduce_all(tf.math.is_finite(q_sum))
-                        updates.append(
-                            states[j]
-                            .errors[i]
-                            .assign(
-                                tf.where(
-                                    finite, m_of[j, i] - sent, old_error[j, i]
-                                )
-                            )
+                        residual = m_of[j, i] - sent
+                        error = tf.cond(
+                            finite,
+                            lambda r=residual: r,
+                            lambda e=old_error[j, i]: e,
                         )
-                        if i == 0:
-                            updates.append(
-                                states[j].q.assign(
-                                    tf.where(finite, q_sum, old_q[j])
-                                )
-                            )
+                        updates.append(states[j].errors[i].assign(error))
+                        q_new = tf.cond(
+                            finite,
+                            lambda q=q_sum: q,
+                            lambda q=old_q[j, i]: q,
+                        )
+                        updates.append(qs[j][i].assign(q_new))
         with tf.control_dependencies(updates):
             return [
                 [_on(devices, i, tf.identity, t) for i, t in enumerate(v)]

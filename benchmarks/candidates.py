@@ -40,6 +40,14 @@ MWMS_BYTES_PER_PACK = (4 << 20, 32 << 20)
 # Wire compression of ours across workers (MultiWorkerAllReduce's
 # compression=); every multi-worker setting also runs with each.
 COMPRESSIONS = cost_model.COMPRESSIONS
+# PowerSGD (`tf_crossdevice.compression.PowerSGD`, compressing from the
+# first step) at this rank runs with MultiWorkerAllReduce's default spec and
+# with our flat collective: its P and Q are a few MiB, so the algorithm that
+# carries them matters little, and it is not in the package's list (it
+# changes the training, so autotune never picks it).
+POWERSGD = "powersgd"
+POWERSGD_RANK = 4
+_POWERSGD = {"compression": POWERSGD, "powersgd_rank": POWERSGD_RANK}
 # Our collectives, each inside tf_crossdevice.MultiWorkerMirroredStrategy.
 STRATEGY_OPS = ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
 
@@ -118,6 +126,8 @@ def _label(packing: dict[str, Any]) -> str:
     if "compression" in packing:
         packing = dict(packing)
         suffix = f" compression={packing.pop('compression')}"
+    if "powersgd_rank" in packing:
+        suffix += f" rank={packing.pop('powersgd_rank')}"
     if "num_packs" in packing:
         return f" num_packs={packing['num_packs']}{suffix}"
     if packing:
@@ -224,6 +234,7 @@ _PACKING_KEYS = frozenset(
         "agg_small_grads_max_bytes",
         "agg_small_grads_max_group",
         "compression",
+        "powersgd_rank",
     }
 )
 
@@ -335,7 +346,27 @@ def multi_worker_candidates(
             )
             for c in settings
         ]
+    # One pack: the compressor's exact rest (biases, norms, small kernels)
+    # then crosses as one message, not one per tensor.
+    out.append(
+        _spec(
+            "MultiWorkerAllReduce",
+            MULTI_WORKER_DEFAULT_SPEC,
+            PACKS_1 | _POWERSGD,
+        )
+    )
     return [c for c in out if _applies(c, workload) and _kept(c, quick)]
+
+
+def compression_of(kwargs: Mapping[str, Any]) -> Any:
+    """A candidate's `compression` argument: its codec's name as it is, or
+    for POWERSGD a new compressor at the candidate's rank, compressing from
+    the first step (one per reduction: it holds that reduction's state)."""
+    if kwargs.get("compression") != POWERSGD:
+        return kwargs.get("compression")
+    from tf_crossdevice.compression import PowerSGD
+
+    return PowerSGD(rank=kwargs["powersgd_rank"], start_step=0)
 
 
 def _packing(c: Candidate) -> dict[str, Any]:
@@ -377,6 +408,9 @@ def strategy_candidates(quick: bool = False) -> list[Candidate]:
                     {"bytes_per_pack": 0, "compression": codec},
                 )
             )
+        if ops == STRATEGY_OPS[0]:
+            powersgd = {"bytes_per_pack": 0} | _POWERSGD
+            settings.append((_label(dict(_POWERSGD)), powersgd))
         for label, kwargs in settings:
             out.append(
                 Candidate(
@@ -484,5 +518,8 @@ def build(candidate: Candidate, devices: Sequence[str]) -> Any:
             {d.split("/device:")[0] for d in devices},
             key=lambda w: int(w.rsplit(":", 1)[1]),
         )
+        if "compression" in kwargs:
+            kwargs["compression"] = compression_of(kwargs)
+        kwargs.pop("powersgd_rank", None)
         return tf_crossdevice.MultiWorkerAllReduce(workers, 0, **kwargs)
     raise ValueError(f"candidate.kind: {kind!r} cannot be built here")

@@ -25,6 +25,7 @@ roofline is those bytes at the links' shaped rate (`wire_seconds`), and
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import re
 import socket
 import sys
@@ -191,6 +192,40 @@ _COLLECTIVES = (
 )
 
 
+# Our entries with PowerSGD ("... compression=powersgd rank=4"): they send
+# `powersgd_bytes` of the workload through the same all-reduce.
+POWERSGD_NAME = re.compile(r" compression=powersgd rank=(\d+)")
+# PowerSGD's default `min_compression_size`, which the candidates keep.
+POWERSGD_MIN_SIZE = 4096
+
+
+def powersgd_bytes(
+    shapes: Sequence[Sequence[int]],
+    rank: int,
+    min_size: int = POWERSGD_MIN_SIZE,
+) -> int:
+    """The float32 bytes one replica puts into the all-reduces of a PowerSGD
+    step of tensors of `shapes`: a tensor of two or more dimensions and at
+    least `min_size` elements is an n x m matrix (m its last dimension) and
+    sends P (n x r) and Q (m x r), r = min(n, m, rank), where that is fewer
+    than n*m values; every other tensor is sent whole.
+
+    >>> powersgd_bytes([(3, 3, 64, 128), (128,), (10, 10)], rank=4)
+    12176
+    """
+    values = 0
+    for shape in shapes:
+        size = math.prod(shape)
+        if len(shape) >= 2 and size >= min_size:
+            m = shape[-1]
+            n = size // m
+            r = min(n, m, rank)
+            if (n + m) * r < size:
+                size = (n + m) * r
+        values += size
+    return 4 * values
+
+
 def bytes_sent_model(
     name: str, num_bytes: int, num_hosts: int, local_devices: int = 1
 ) -> list[float] | None:
@@ -209,6 +244,8 @@ def bytes_sent_model(
       p, each a `shards`-th of S): host i sends its shards to their owners
       and the sums of the shards it owns to every other host,
       (1 - f_i)*S + (p-1)*f_i*S with f_i its share of the shards.
+    - PowerSGD: what its all-reduce sends for the bytes PowerSGD puts in
+      (`powersgd_bytes`, which the caller passes as `num_bytes`).
     - TF's in-graph ReductionToOneDevice and the sum-on-worker-0 bound:
       (p-1)*S from worker 0, S from each other; the gRPC copy: S from
       worker 0 only.

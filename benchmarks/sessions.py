@@ -27,9 +27,10 @@ calls of it, unload. Started by `groups.Sessions` as
 from __future__ import annotations
 
 import dataclasses
+import json
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,11 +79,79 @@ def check_of(
     candidate: candidates_lib.Candidate,
     inputs: measure.Inputs,
     num_workers: int,
+    ops: Any = None,
+    errors_sum: ErrorsSum | None = None,
 ) -> measure.Check:
     """The check of a candidate's results (`measure.Inputs.check_for`):
     numpy's sum exactly, or within its codec's rounding with compression
-    across `num_workers` workers."""
-    return inputs.check_for(candidate.kwargs.get("compression"), num_workers)
+    across `num_workers` workers; with PowerSGD, `powersgd_check` of the
+    compressor of `ops` (the candidate built)."""
+    compression = candidate.kwargs.get("compression")
+    if compression == candidates_lib.POWERSGD:
+        assert errors_sum is not None
+        return powersgd_check(inputs, ops.compression, errors_sum)
+    return inputs.check_for(compression, num_workers)
+
+
+# Sums one compressed tensor's errors (one variable per replica held here)
+# over every replica of the reduction.
+ErrorsSum = Callable[[Sequence[tf.Variable]], np.ndarray]
+
+
+def _errors_here(errors: Sequence[tf.Variable]) -> np.ndarray:
+    """Every replica's error is held here: numpy's sum of them."""
+    return np.sum([np.asarray(e.value(), np.float64) for e in errors], 0)
+
+
+def powersgd_check(
+    inputs: measure.Inputs, compressor: Any, errors_sum: ErrorsSum
+) -> measure.Check:
+    """The check of a PowerSGD all-reduce's first step, from zero error.
+
+    No numpy PowerSGD is needed: whatever the approximation, what every
+    replica applies plus what every replica kept as error is the sum of
+    the gradients (see `tf_crossdevice.compression.PowerSGD`). So every
+    replica gets the same result, on its device; where the compressor
+    compressed, that result plus every replica's error is numpy's sum
+    within float32 rounding of the products (1e-5 of the replicas'
+    absolute values there, plus 1e-5), and the result alone is not (a
+    rank-limited approximation of random integers); elsewhere the result
+    is numpy's sum exactly.
+    """
+
+    def check(results: measure.Results, devices: list[list[str]]) -> str | None:
+        if len(results) != len(inputs.shapes):
+            return (
+                f"returned {len(results)} values, expected {len(inputs.shapes)}"
+            )
+        for k, (shape, dtype) in enumerate(
+            zip(inputs.shapes, inputs.dtypes, strict=True)
+        ):
+            got = [np.asarray(t) for t in results[k]]
+            for d, device in enumerate(inputs.devices):
+                if measure.canonical(devices[k][d]) != device:
+                    return f"value {k} replica {d}: on {devices[k][d]}"
+                if not np.array_equal(got[d], got[0]):
+                    return f"value {k}: replica {d} got another result"
+            want = inputs.expected[k]
+            if not compressor.compresses(shape, dtype):
+                problem = measure.mismatch(got[0], want)
+                if problem:
+                    return f"value {k} (summed exactly): {problem}"
+                continue
+            tolerance = 1e-5 * (inputs.magnitudes[k] + 1)
+            errors = errors_sum(compressor.state(k).errors).reshape(shape)
+            applied = got[0].astype(np.float64)
+            problem = measure.mismatch_beyond(
+                applied + errors, want.astype(np.float64), tolerance
+            )
+            if problem:
+                return f"value {k}: applied + errors: {problem}"
+            if measure.mismatch_beyond(got[0], want, tolerance) is None:
+                return f"value {k}: numpy's sum exactly; nothing compressed"
+        return None
+
+    return check
 
 
 class Session:
@@ -189,7 +258,7 @@ class InGraph(Session):
             ops = candidates_lib.build(c, inputs.devices)
             return _step(
                 measure.all_reduce_body(ops, inputs),
-                check_of(c, inputs, self.num_workers),
+                check_of(c, inputs, self.num_workers, ops, _errors_here),
             )
         if name.startswith(AUTOTUNE):
             return self._autotune(name, inputs)
@@ -422,33 +491,35 @@ class OursMwms(Session):
         super().__init__(setup)
         self.local_devices = setup["local_devices"]
         testing.request_cpu_devices(self.local_devices)
-        self.strategies: dict[str, Any] = {}
-        strategy = self.strategy(STRATEGY_OPS[0], 0)  # peers are up
+        self.strategies: dict[str, tuple[Any, Any]] = {}
+        strategy, _ = self.strategy(  # peers are up
+            {"cross_device_ops": STRATEGY_OPS[0], "bytes_per_pack": 0}
+        )
         resolver = strategy.cluster_resolver
         self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
         self.devices = list(strategy.extended.worker_devices)
         self.first_replica = resolver.task_id * self.local_devices
         self.total_replicas = self.num_workers * self.local_devices
 
-    def strategy(
-        self, ops: str, bytes_per_pack: int, compression: str | None = None
-    ) -> Any:
-        """Our strategy with `ops` (a class name) and its `compression`,
-        built once per setting (every worker builds them in the same
-        order)."""
+    def strategy(self, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """Our strategy for a candidate's `kwargs` (its class's name,
+        `bytes_per_pack` and compression) and its cross-device ops, built
+        once per setting (every worker builds them in the same order)."""
         import tf_crossdevice
 
-        key = f"{ops} {bytes_per_pack} {compression}"
+        key = json.dumps(kwargs, sort_keys=True)
         if key not in self.strategies:
             options = tf.distribute.experimental.CommunicationOptions(
-                bytes_per_pack=bytes_per_pack
+                bytes_per_pack=kwargs["bytes_per_pack"]
             )
-            ops_class = getattr(tf_crossdevice, ops)
-            self.strategies[key] = tf_crossdevice.MultiWorkerMirroredStrategy(
-                cross_device_ops=ops_class(compression=compression),
+            ops_class = getattr(tf_crossdevice, kwargs["cross_device_ops"])
+            ops = ops_class(compression=candidates_lib.compression_of(kwargs))
+            strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+                cross_device_ops=ops,
                 communication_options=options,
                 local_devices=[f"/cpu:{i}" for i in range(self.local_devices)],
             )
+            self.strategies[key] = strategy, ops
         return self.strategies[key]
 
     def build(self, name: str, candidate: dict[str, Any] | None) -> Built:
@@ -462,11 +533,7 @@ class OursMwms(Session):
             return _step(inputs_body, inputs.check_inputs)
         assert candidate is not None
         c = candidates_lib.Candidate(**candidate)
-        strategy = self.strategy(
-            c.kwargs["cross_device_ops"],
-            c.kwargs["bytes_per_pack"],
-            c.kwargs.get("compression"),
-        )
+        strategy, ops = self.strategy(c.kwargs)
 
         def body() -> measure.Results:
             values = [(v, v) for v in inputs.values()]
@@ -477,7 +544,24 @@ class OursMwms(Session):
                 list(strategy.experimental_local_results(r)) for r in reduced
             ]
 
-        return _step(body, check_of(c, inputs, self.num_workers))
+        def errors_sum(errors: Sequence[tf.Variable]) -> np.ndarray:
+            # Exact: the collective compresses batch reductions only.
+            first = self.first_replica
+
+            def error_of(context: Any) -> tf.Tensor:
+                return errors[context.replica_id_in_sync_group - first].value()
+
+            per_replica = strategy.experimental_distribute_values_from_function(
+                error_of
+            )
+            total = strategy.reduce(
+                tf.distribute.ReduceOp.SUM, per_replica, axis=None
+            )
+            return np.asarray(total, np.float64)
+
+        return _step(
+            body, check_of(c, inputs, self.num_workers, ops, errors_sum)
+        )
 
 
 STRATEGY_OPS = candidates_lib.STRATEGY_OPS

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from benchmarks import roofline, sessions
+from benchmarks import roofline, sessions, workloads
 from benchmarks.records import Group, Result, Target, ratio
 
 # (workload, setting) -> [(what ours is compared with, threshold)];
@@ -47,11 +47,20 @@ LOOPBACK_TARGETS = {"resnet50": (2, 0.5)}
 # flat one with 2 local devices. "wire": ours best uncompressed as a
 # fraction of the wire roofline 2(p-1)/p*S / rate; "bf16": the fastest bf16
 # candidate over the same uncompressed; "tf_best": ours best over TF's best;
-# "mwms": our uncompressed CollectiveAllReduce over MWMS's best. many_small
-# is bound by per-message costs, not the wire, and has none.
+# "mwms": our uncompressed CollectiveAllReduce over MWMS's best;
+# "powersgd": the fastest PowerSGD candidate over the fastest uncompressed
+# one, ours or TF's. many_small is bound by per-message costs, not the
+# wire, and has none.
 WIRE_TARGETS = {
-    "resnet50": [("wire", 0.9), ("bf16", 1.8), ("tf_best", 1.8), ("mwms", 1.0)]
+    "resnet50": [
+        ("wire", 0.9),
+        ("bf16", 1.8),
+        ("tf_best", 1.8),
+        ("mwms", 1.0),
+        ("powersgd", 5.0),
+    ]
 }
+POWERSGD = " compression=powersgd"
 WIRE_LOCAL_TARGETS = {("resnet50", 2): [(HIERARCHICAL, 1.4)]}
 # Each entry's bytes sent per host against `roofline.bytes_sent_model`:
 # within 5%, scored as min(sent, model) / max(sent, model) >= 1/1.05.
@@ -81,6 +90,7 @@ def references(group: Group) -> list[str]:
         out += _compression_entries(group)
     if group.link_rate is not None:
         plain = [_best_uncompressed(group, p) for p in ("ours ", FLAT)]
+        plain += [_fastest_candidate(group, u) for u in (True, False)]
         out += [name for name in plain if name]
     return out
 
@@ -92,6 +102,20 @@ def _best_uncompressed(group: Group, prefix: str) -> str | None:
         for r in group.results
         if r.name.startswith(prefix) and "compression=" not in r.name
         if r.ok and r.time_seconds
+    ]
+    return min(timed)[1] if timed else None
+
+
+def _fastest_candidate(group: Group, uncompressed: bool) -> str | None:
+    """The fastest verified candidate (ours or TF's) without compression,
+    or with PowerSGD, by its first rounds' time."""
+    timed = [
+        (r.time_seconds, r.name)
+        for r in group.results
+        if r.family in ("ours", "tf") and r.ok and r.time_seconds
+        if (
+            "compression=" not in r.name if uncompressed else POWERSGD in r.name
+        )
     ]
     return min(timed)[1] if timed else None
 
@@ -298,6 +322,15 @@ def wire_targets(g: Group, base: str, stand_in: bool) -> list[Target]:
             name = "bf16 vs the same uncompressed"
             note = f"{bf16} {_ms(g.time(bf16))}, uncompressed "
             note += f"{_ms(g.time(plain))}; wire roofline {_ms(roof)}"
+        elif what == "powersgd":
+            plain = _fastest_candidate(g, uncompressed=True)
+            powersgd = _fastest_candidate(g, uncompressed=False)
+            if powersgd is None:
+                continue  # not measured in this run
+            measured = ratio(g.time(plain), g.time(powersgd))
+            name = "PowerSGD vs the fastest uncompressed"
+            note = f"{powersgd} {_ms(g.time(powersgd))}, {plain} "
+            note += f"{_ms(g.time(plain))}; wire roofline {_ms(roof)}"
         elif what == "tf_best":
             ours, tf_best = g.time(g.ours_best), g.time(g.tf_best)
             measured = ratio(tf_best, ours)
@@ -335,8 +368,13 @@ def bytes_model(g: Group, r: Result) -> list[float] | None:
     chosen = r.timing.chosen
     if r.family == AUTOTUNE and chosen:
         name = _chosen_candidate(g, r) or f"ours {chosen.removeprefix('ours ')}"
+    size = g.size_bytes
+    powersgd = roofline.POWERSGD_NAME.search(name)
+    if powersgd:
+        shapes = workloads.named(g.workload).shapes
+        size = roofline.powersgd_bytes(shapes, int(powersgd[1]))
     return roofline.bytes_sent_model(
-        name, g.size_bytes, g.num_replicas, g.local_devices
+        name, size, g.num_replicas, g.local_devices
     )
 
 

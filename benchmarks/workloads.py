@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 
 Shape = tuple[int, ...]
 H, FF = 768, 3072  # BERT-base's hidden and intermediate sizes
@@ -137,3 +138,31 @@ def single_tensor(num_bytes: int) -> Workload:
         ((num_bytes // 4,),),
         f"one tensor of {num_bytes} bytes",
     )
+
+
+def named(name: str) -> Workload:
+    """The workload a record names: 'resnet50', 'bert_base', 'many_small',
+    'many_small[N]', 'sweep_NB', each possibly truncated ('[:n]').
+
+    >>> named("many_small[10][:3]").shapes
+    ((1024,), (64,), (512,))
+
+    Raises:
+        ValueError: a name none of the workloads here has.
+    """
+    match = re.fullmatch(r"(.+?)(?:\[:(\d+)\])?", name)
+    assert match is not None
+    base, count = match[1], match[2]
+    small = re.fullmatch(r"many_small(?:\[(\d+)\])?", base)
+    sweep_point = re.fullmatch(r"sweep_(\d+)B", base)
+    if base == "resnet50":
+        workload = resnet50()
+    elif base == "bert_base":
+        workload = bert_base()
+    elif small:
+        workload = many_small(int(small[1] or 1000))
+    elif sweep_point:
+        workload = single_tensor(int(sweep_point[1]))
+    else:
+        raise ValueError(f"name: no workload {name!r}")
+    return workload.truncated(int(count)) if count else workload

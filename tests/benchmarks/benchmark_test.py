@@ -672,15 +672,20 @@ def test_full_run_candidates_cover_the_issue_list():
         "TF MWMS RING bytes_per_pack=4MiB",
         "TF MWMS RING bytes_per_pack=32MiB",
     ]
-    # Each setting uncompressed, then with bf16, then with fp16.
+    # Each setting uncompressed, then with bf16, then with fp16; then
+    # PowerSGD at rank 4 with the default spec in one pack.
     assert mw[5:] == [
         f"ours MultiWorkerAllReduce {spec}{p}{codec}"
         for codec in ("", " compression=bf16", " compression=fp16")
         for spec in ("('pscpu/pscpu', 2, -1)", "pscpu", "xring", "rechd")
         for p in packings
+    ] + [
+        "ours MultiWorkerAllReduce ('pscpu/pscpu', 2, -1) num_packs=1 "
+        "compression=powersgd rank=4"
     ]
     # Our collectives in our strategy: default packing, 4 MiB packs, and
-    # the default packing with each codec.
+    # the default packing with each codec; the flat one with PowerSGD too.
+    powersgd = " compression=powersgd rank=4"
     assert [c.name for c in candidates.strategy_candidates()] == [
         f"ours {ops}{setting}"
         for ops in ("CollectiveAllReduce", "HierarchicalCollectiveAllReduce")
@@ -689,6 +694,7 @@ def test_full_run_candidates_cover_the_issue_list():
             " bytes_per_pack=4MiB",
             " compression=bf16",
             " compression=fp16",
+            *([powersgd] if ops == "CollectiveAllReduce" else []),
         )
     ]
 
@@ -723,7 +729,9 @@ def test_our_candidates_come_from_the_package_list():
     ]
     plain = {n for n in mw if "compression=" not in n}
     assert plain == grid_names(2)
-    assert len(mw) == 3 * len(plain)  # uncompressed, bf16, fp16
+    # Uncompressed, bf16, fp16, and one PowerSGD (not in the package's
+    # list: it changes the training, so autotune never chooses it).
+    assert len(mw) == 3 * len(plain) + 1
     # Above 2 workers, also the list's pscpu with one shard per worker.
     at_3 = {
         c.name

@@ -72,8 +72,11 @@ def record_notices_on(
     def record(signum: int, frame: Any) -> None:
         del frame
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
+        # Written aside and renamed: whoever finds the notice finds it whole.
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "w") as f:
             f.write(f"{signal.Signals(signum).name}\n")
+        os.replace(partial, path)
         logging.warning(
             "/job:%s/replica:0/task:%d received %s: preemption notice "
             "recorded at %s for the client; serving on until stopped.",

@@ -581,21 +581,15 @@ class PowerSGD(tf.Module):
                         # sum too: an optimizer with loss scaling skips
                         # that step, and so does the state, which would
                         # otherwise stay non-finite for good.
-                        # A cond, not tf.where: it picks a whole tensor
-                        # without a pass over its elements.
+                        # tf.where, not a cond: a cond's branch functions
+                        # are registered on the remote workers in-graph,
+                        # and the client's teardown then races the servers'.
                         finite = tf.reduce_all(tf.math.is_finite(q_sum))
-                        residual = m_of[j, i] - sent
-                        error = tf.cond(
-                            finite,
-                            lambda r=residual: r,
-                            lambda e=old_error[j, i]: e,
+                        error = tf.where(
+                            finite, m_of[j, i] - sent, old_error[j, i]
                         )
                         updates.append(states[j].errors[i].assign(error))
-                        q_new = tf.cond(
-                            finite,
-                            lambda q=q_sum: q,
-                            lambda q=old_q[j, i]: q,
-                        )
+                        q_new = tf.where(finite, q_sum, old_q[j, i])
                         updates.append(qs[j][i].assign(q_new))
         with tf.control_dependencies(updates):
             return [

@@ -361,6 +361,46 @@ def test_state_on_each_replica_device():
     assert not compressor.trainable_variables
 
 
+def test_each_replica_computes_from_its_own_tensors():
+    # In-graph, a replica that read another's tensor would read it across
+    # the wire: every product, difference and update of replica i takes
+    # only inputs on replica i's device (the fake sum, which adds across
+    # devices, is the only exception).
+    devices = testing.cpu_devices(REPLICAS)
+    rng = np.random.default_rng(10)
+    # Two matrices whose factors are orthogonalised together, and a third.
+    grads = random_grads(rng, {0: (8, 8), 1: (8, 6), 2: (12, 6)})
+    compressor = PowerSGD(rank=2, min_compression_size=0)
+
+    @tf.function
+    def step():
+        batch = [
+            [
+                _on(d, tf.constant, g)
+                for g, d in zip(grads[k], devices, strict=True)
+            ]
+            for k in sorted(grads)
+        ]
+        return compressor.sum(batch, RecordingSum(), devices=devices)
+
+    graph = step.get_concrete_function().graph
+    checked = 0
+    for op in graph.get_operations():
+        if op.type not in ("MatMul", "Sub", "Switch", "AssignVariableOp"):
+            continue
+        assert op.device in devices, op.name
+        for tensor in op.inputs:
+            assert tensor.op.device == op.device, (op.name, tensor.op.name)
+        checked += 1
+    # Per replica and matrix: 4 products, 1 difference, 2 switched updates.
+    assert checked >= REPLICAS * 3 * (4 + 1 + 2 + 2)
+
+
+def _on(device, fn, *args):
+    with tf.device(device):
+        return fn(*args)
+
+
 def test_checkpoint_round_trip(tmp_path):
     rng = np.random.default_rng(10)
     steps = [random_grads(rng, SHAPES) for _ in range(4)]
@@ -457,26 +497,41 @@ def test_elements_sent(shape, rank, sent):
     assert PowerSGD(rank=rank).elements_sent(shape) == sent
 
 
-def test_a_non_finite_step_returns_non_finite_and_leaves_the_state():
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_a_non_finite_step_returns_non_finite_and_leaves_the_state(traced):
     rng = np.random.default_rng(12)
-    shapes = {0: (6, 5), 1: (7,)}
+    # Two compressed matrices of different row counts: the nan is in one,
+    # and the other's state is left alone too.
+    shapes = {0: (6, 5), 1: (7,), 2: (9, 4)}
     first, bad, last = (random_grads(rng, shapes) for _ in range(3))
-    bad[0][1][2, 3] = np.nan
+    bad[2][1][2, 3] = np.nan
     compressor = PowerSGD(rank=2, min_compression_size=0)
-    reference = NumpyPowerSGD({0: (6, 5)}, rank=2)
+    reference = NumpyPowerSGD({0: (6, 5), 2: (9, 4)}, rank=2)
 
-    compressor.sum(batch_of(first), RecordingSum())
+    def step(batch):
+        return compressor.sum(batch, RecordingSum())
+
+    if traced:
+        step = tf.function(step)
+    step(batch_of(first))
     reference.sum(first)
-    state = compressor.state(0)
-    before = [v.numpy() for v in (*state.q_replicas, *state.errors)]
-    sums = compressor.sum(batch_of(bad), RecordingSum())
-    assert np.isnan(sums[0][0].numpy()).any()  # Not hidden from the optimizer.
+    kept = [
+        v
+        for k in (0, 2)
+        for v in (*compressor.state(k).q_replicas, *compressor.state(k).errors)
+    ]
+    before = [v.numpy() for v in kept]
+    sums = step(batch_of(bad))
+    assert np.isnan(sums[2][0].numpy()).any()  # Not hidden from the optimizer.
     np.testing.assert_array_equal(sums[1][0].numpy(), np.sum(bad[1], 0))
-    kept = (*state.q_replicas, *state.errors)
     for value, saved in zip(kept, before, strict=True):
         np.testing.assert_array_equal(value.numpy(), saved)
     # The next step goes on as if the bad one never happened.
-    sums = compressor.sum(batch_of(last), RecordingSum())
-    np.testing.assert_allclose(
-        sums[0][0].numpy(), reference.sum(last)[0], rtol=1e-9, atol=1e-11
-    )
+    sums = step(batch_of(last))
+    expected = reference.sum(last)
+    for k in (0, 2):
+        np.testing.assert_allclose(
+            sums[k][0].numpy(), expected[k], rtol=1e-9, atol=1e-11
+        )
+    for value, saved in zip(kept, before, strict=True):
+        assert not np.array_equal(value.numpy(), saved)

@@ -496,28 +496,43 @@ class PowerSGD(tf.Module):
         layouts = [self._layout[k] for k in positions]
         states = [self._matrices[_key(k)] for k in positions]
         qs = [[state.q, *state.q_copies] for state in states]
-        # One all-reduce of every P (and one of every Q) per dtype.
+        # One all-reduce of every P (and one of every Q) per dtype. Within
+        # it, matrices with factors of one shape sit side by side, so that
+        # their factors are orthogonalised together, in one batch of ops
+        # instead of one small op per column per matrix.
         dtypes = list(dict.fromkeys(value[0].dtype for value in matrices))
         groups = [
-            [j for j, value in enumerate(matrices) if value[0].dtype == d]
+            sorted(
+                (j for j, value in enumerate(matrices) if value[0].dtype == d),
+                key=lambda j: (layouts[j][1], layouts[j][3]),
+            )
             for d in dtypes
         ]
 
         m_of: dict[tuple[int, int], tf.Tensor] = {}
-        old_error: dict[tuple[int, int], tf.Tensor] = {}
-        old_q: dict[tuple[int, int], tf.Tensor] = {}
         p_local: dict[tuple[int, int], tf.Tensor] = {}
-        for j, (value, (_, n, m, _), state) in enumerate(
-            zip(matrices, layouts, states, strict=True)
-        ):
-            for i in range(replicas):
-                with _device(devices, i):
-                    old_q[j, i] = qs[j][i].read_value()
-                    q = orthogonalize(old_q[j, i])
+        for i in range(replicas):
+            with _device(devices, i):
+                q_start: dict[int, tf.Tensor] = {}
+                for run in _runs(
+                    range(len(matrices)),
+                    lambda j: (matrices[j][0].dtype, layouts[j][2:]),
+                ):
+                    q_start.update(
+                        zip(
+                            run,
+                            _orthogonalize_each(
+                                [qs[j][i].read_value() for j in run]
+                            ),
+                            strict=True,
+                        )
+                    )
+                for j, (value, (_, n, m, _), state) in enumerate(
+                    zip(matrices, layouts, states, strict=True)
+                ):
                     matrix = tf.reshape(value[i], (n, m))
-                    old_error[j, i] = state.errors[i].read_value()
-                    m_of[j, i] = matrix + old_error[j, i]
-                    p_local[j, i] = tf.matmul(m_of[j, i], q)
+                    m_of[j, i] = matrix + state.errors[i].read_value()
+                    p_local[j, i] = tf.matmul(m_of[j, i], q_start[j])
 
         p_sums = all_sum(
             [
@@ -531,14 +546,24 @@ class PowerSGD(tf.Module):
         p_hat: dict[tuple[int, int], tf.Tensor] = {}
         q_local: dict[tuple[int, int], tf.Tensor] = {}
         for group, sums in zip(groups, p_sums, strict=True):
+            runs = _runs(group, lambda j: layouts[j][1::2])
             for i in range(replicas):
                 with _device(devices, i):
                     parts = _split(
-                        sums[i], [layouts[j][1] * layouts[j][3] for j in group]
+                        sums[i],
+                        [
+                            len(run) * layouts[run[0]][1] * layouts[run[0]][3]
+                            for run in runs
+                        ],
                     )
-                    for j, part in zip(group, parts, strict=True):
-                        _, n, _, r = layouts[j]
-                        p_hat[j, i] = orthogonalize(tf.reshape(part, (n, r)))
+                    for run, part in zip(runs, parts, strict=True):
+                        _, n, _, r = layouts[run[0]]
+                        batch = orthogonalize(tf.reshape(part, (-1, n, r)))
+                        for j, p in zip(
+                            run, _unstack(batch, len(run)), strict=True
+                        ):
+                            p_hat[j, i] = p
+                    for j in group:
                         # M^T P^ as (P^T M)^T: a product that reads M along
                         # its rows, several times faster than transposing
                         # M's reads; only the small result is transposed.
@@ -559,10 +584,18 @@ class PowerSGD(tf.Module):
             [None] * replicas
             for _ in matrices  # type: ignore[list-item]
         ]
-        updates = []
-        for group, sums in zip(groups, q_sums, strict=True):
-            for i in range(replicas):
-                with _device(devices, i):
+        done = []
+        for i in range(replicas):
+            with _device(devices, i):
+                # A non-finite gradient anywhere makes some summed Q (the
+                # same on every replica) non-finite, and its sum too: an
+                # optimizer with loss scaling skips that step, and so does
+                # the state, which would otherwise stay non-finite for good.
+                finite = tf.reduce_all(
+                    [tf.reduce_all(tf.math.is_finite(s[i])) for s in q_sums]
+                )
+                kept = []
+                for group, sums in zip(groups, q_sums, strict=True):
                     parts = _split(
                         sums[i], [layouts[j][2] * layouts[j][3] for j in group]
                     )
@@ -576,22 +609,10 @@ class PowerSGD(tf.Module):
                         sent = tf.matmul(
                             p_hat[j, i], q_local[j, i], transpose_b=True
                         )
-                        # A non-finite gradient anywhere makes the summed
-                        # Q (the same on every replica) non-finite, and the
-                        # sum too: an optimizer with loss scaling skips
-                        # that step, and so does the state, which would
-                        # otherwise stay non-finite for good.
-                        # tf.where, not a cond: a cond's branch functions
-                        # are registered on the remote workers in-graph,
-                        # and the client's teardown then races the servers'.
-                        finite = tf.reduce_all(tf.math.is_finite(q_sum))
-                        error = tf.where(
-                            finite, m_of[j, i] - sent, old_error[j, i]
-                        )
-                        updates.append(states[j].errors[i].assign(error))
-                        q_new = tf.where(finite, q_sum, old_q[j, i])
-                        updates.append(qs[j][i].assign(q_new))
-        with tf.control_dependencies(updates):
+                        kept.append((states[j].errors[i], m_of[j, i] - sent))
+                        kept.append((qs[j][i], q_sum))
+                done.append(_assign_if(finite, kept))
+        with tf.control_dependencies(done):
             return [
                 [_on(devices, i, tf.identity, t) for i, t in enumerate(v)]
                 for v in results
@@ -622,7 +643,8 @@ None, 'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD
 
 
 def orthogonalize(matrix: tf.Tensor) -> tf.Tensor:
-    """`matrix`'s columns made orthonormal, left to right (Gram-Schmidt).
+    """`matrix`'s columns made orthonormal, left to right (Gram-Schmidt);
+    a batch of matrices (..., n, r) one by one.
 
     Two passes of modified Gram-Schmidt: the second removes what rounding
     left of the earlier columns, so a nearly dependent column still comes
@@ -634,14 +656,66 @@ def orthogonalize(matrix: tf.Tensor) -> tf.Tensor:
     >>> np.round(p.numpy(), 4).tolist()
     [[0.6, 0.8], [0.8, -0.6]]
     """
-    columns = tf.unstack(matrix, axis=1)
+    columns = tf.unstack(matrix, axis=-1)
     done: list[tf.Tensor] = []
     for column in columns:
         for _ in range(2):
             for previous in done:
-                column -= tf.reduce_sum(previous * column) * previous
-        done.append(tf.math.divide_no_nan(column, tf.norm(column)))
-    return tf.stack(done, axis=1)
+                dot = tf.reduce_sum(previous * column, axis=-1, keepdims=True)
+                column -= dot * previous
+        norm = tf.norm(column, axis=-1, keepdims=True)
+        done.append(tf.math.divide_no_nan(column, norm))
+    return tf.stack(done, axis=-1)
+
+
+def _orthogonalize_each(matrices: list[tf.Tensor]) -> list[tf.Tensor]:
+    """`orthogonalize` of each of `matrices` (one shape), in one batch."""
+    if len(matrices) == 1:
+        return [orthogonalize(matrices[0])]
+    return _unstack(orthogonalize(tf.stack(matrices)), len(matrices))
+
+
+def _unstack(batch: tf.Tensor, count: int) -> list[tf.Tensor]:
+    return tf.unstack(batch, num=count) if count > 1 else [batch[0]]
+
+
+def _runs(items: Any, key: Callable[[int], Any]) -> list[list[int]]:
+    """`items` (ints) grouped by `key`: runs of consecutive equal keys when
+    the items are sorted by it, each run in order of first appearance."""
+    runs: dict[Any, list[int]] = {}
+    for item in items:
+        runs.setdefault(key(item), []).append(item)
+    return list(runs.values())
+
+
+def _assign_if(
+    condition: tf.Tensor, assignments: list[tuple[tf.Variable, tf.Tensor]]
+) -> tf.Tensor:
+    """Assigns each value to its variable if `condition` (a scalar bool)
+    holds, else leaves every variable alone; returns a tensor that exists
+    once that is done either way.
+
+    With the graph's own Switch and Merge: `tf.where` would pass over every
+    element of every error buffer to pick one whole tensor, and `tf.cond`
+    registers its branches as functions, on the remote workers in-graph,
+    where the client's teardown then races the servers' shutdown. Switch
+    forwards a tensor to one of its outputs; the assignment fed by the
+    other never runs. Eagerly, where tensors have values, the condition is
+    read and the assignments run or not.
+    """
+    if tf.executing_eagerly():
+        if bool(condition):
+            for variable, value in assignments:
+                variable.assign(value)
+        return condition
+    updates = [
+        variable.assign(tf.raw_ops.Switch(data=value, pred=condition)[1])
+        for variable, value in assignments
+    ]
+    skipped, applied = tf.raw_ops.Switch(data=condition, pred=condition)
+    with tf.control_dependencies(updates):
+        applied = tf.identity(applied)
+    return tf.raw_ops.Merge(inputs=[skipped, applied]).output
 
 
 def _key(position: int) -> str:

@@ -10,7 +10,7 @@ an unmet one says what bounds it, from the same run.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from benchmarks import roofline, sessions, workloads
 from benchmarks.records import Group, Result, Target, ratio
@@ -95,42 +95,45 @@ def references(group: Group) -> list[str]:
     return out
 
 
-def _best_uncompressed(group: Group, prefix: str) -> str | None:
-    """The fastest verified result named `prefix`... without compression."""
+def _fastest(group: Group, wanted: Callable[[Result], bool]) -> str | None:
+    """The name of the fastest verified result that is `wanted`, by its
+    first rounds' time."""
     timed = [
         (r.time_seconds, r.name)
         for r in group.results
-        if r.name.startswith(prefix) and "compression=" not in r.name
-        if r.ok and r.time_seconds
+        if r.ok and r.time_seconds and wanted(r)
     ]
     return min(timed)[1] if timed else None
+
+
+def _best_uncompressed(group: Group, prefix: str) -> str | None:
+    """The fastest result named `prefix`... without compression."""
+    return _fastest(
+        group,
+        lambda r: r.name.startswith(prefix) and "compression=" not in r.name,
+    )
 
 
 def _fastest_candidate(group: Group, uncompressed: bool) -> str | None:
-    """The fastest verified candidate (ours or TF's) without compression,
-    or with PowerSGD, by its first rounds' time."""
-    timed = [
-        (r.time_seconds, r.name)
-        for r in group.results
-        if r.family in ("ours", "tf") and r.ok and r.time_seconds
-        if (
-            "compression=" not in r.name if uncompressed else POWERSGD in r.name
-        )
-    ]
-    return min(timed)[1] if timed else None
+    """The fastest candidate (ours or TF's) without compression, or with
+    PowerSGD."""
+
+    def wanted(r: Result) -> bool:
+        if r.family not in ("ours", "tf"):
+            return False
+        if uncompressed:
+            return "compression=" not in r.name
+        return POWERSGD in r.name
+
+    return _fastest(group, wanted)
 
 
 def _fastest_bf16(group: Group) -> str | None:
-    """Our fastest verified bf16 candidate by its first rounds' time: the
-    one the confirmation rounds re-time, with its uncompressed twin, and
-    the compression target compares."""
-    timed = [
-        (r.time_seconds, r.name)
-        for r in group.results
-        if r.family == "ours" and r.name.endswith(BF16) and r.ok
-        if r.time_seconds
-    ]
-    return min(timed)[1] if timed else None
+    """Our fastest bf16 candidate: the one the confirmation rounds re-time,
+    with its uncompressed twin, and the compression target compares."""
+    return _fastest(
+        group, lambda r: r.family == "ours" and r.name.endswith(BF16)
+    )
 
 
 def _compression_entries(group: Group) -> list[str]:

@@ -120,36 +120,29 @@ def powersgd_check(
     """
 
     def check(results: measure.Results, devices: list[list[str]]) -> str | None:
-        if len(results) != len(inputs.shapes):
-            return (
-                f"returned {len(results)} values, expected {len(inputs.shapes)}"
-            )
-        for k, (shape, dtype) in enumerate(
-            zip(inputs.shapes, inputs.dtypes, strict=True)
-        ):
-            got = [np.asarray(t) for t in results[k]]
-            for d, device in enumerate(inputs.devices):
-                if measure.canonical(devices[k][d]) != device:
-                    return f"value {k} replica {d}: on {devices[k][d]}"
-                if not np.array_equal(got[d], got[0]):
-                    return f"value {k}: replica {d} got another result"
-            want = inputs.expected[k]
-            if not compressor.compresses(shape, dtype):
-                problem = measure.mismatch(got[0], want)
-                if problem:
-                    return f"value {k} (summed exactly): {problem}"
-                continue
+        def problem(k: int, d: int, got: np.ndarray) -> str | None:
+            if not np.array_equal(got, np.asarray(results[k][0])):
+                return f"replica {d} got another result than replica 0"
+            if d > 0:
+                return None
+            shape, want = inputs.shapes[k], inputs.expected[k]
+            if not compressor.compresses(shape, inputs.dtypes[k]):
+                wrong = measure.mismatch(got, want)
+                return f"summed exactly: {wrong}" if wrong else None
             tolerance = 1e-5 * (inputs.magnitudes[k] + 1)
             errors = errors_sum(compressor.state(k).errors).reshape(shape)
-            applied = got[0].astype(np.float64)
-            problem = measure.mismatch_beyond(
-                applied + errors, want.astype(np.float64), tolerance
+            wrong = measure.mismatch_beyond(
+                got.astype(np.float64) + errors,
+                want.astype(np.float64),
+                tolerance,
             )
-            if problem:
-                return f"value {k}: applied + errors: {problem}"
-            if measure.mismatch_beyond(got[0], want, tolerance) is None:
-                return f"value {k}: numpy's sum exactly; nothing compressed"
-        return None
+            if wrong:
+                return f"applied + errors: {wrong}"
+            if measure.mismatch_beyond(got, want, tolerance) is None:
+                return "numpy's sum exactly; nothing compressed"
+            return None
+
+        return inputs.compare_each(results, devices, problem)
 
     return check
 

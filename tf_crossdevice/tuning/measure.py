@@ -287,12 +287,34 @@ class Inputs:
         magnitudes: list[np.ndarray] | None = None,
         relative: float = 0.0,
     ) -> str | None:
+        wanted: dict[int, list[np.ndarray]] = {}
+
+        def problem(k: int, d: int, got: np.ndarray) -> str | None:
+            if d not in wanted:
+                wanted[d] = want(d)
+            want_k = wanted[d][k]
+            if magnitudes is None or not np.issubdtype(
+                want_k.dtype, np.floating
+            ):
+                return mismatch(got, want_k)
+            return mismatch_beyond(got, want_k, relative * magnitudes[k])
+
+        return self.compare_each(results, devices, problem)
+
+    def compare_each(
+        self,
+        results: Results,
+        devices: list[list[str]],
+        problem: Callable[[int, int, np.ndarray], str | None],
+    ) -> str | None:
+        """None if there is one result per gradient and replica, each on
+        its replica's device, and `problem(k, d, result)` is None for each;
+        else the first thing wrong."""
         if len(results) != len(self.shapes):
             return (
                 f"returned {len(results)} values, expected {len(self.shapes)}"
             )
         for d, device in enumerate(self.devices):
-            wanted = want(d)
             for k, per_device in enumerate(results):
                 if len(per_device) != len(self.devices):
                     return (
@@ -302,16 +324,9 @@ class Inputs:
                 got = canonical(devices[k][d])
                 if got != device:
                     return f"value {k} replica {d}: on {got}, expected {device}"
-                got_k = np.asarray(per_device[d])
-                exact = not np.issubdtype(wanted[k].dtype, np.floating)
-                if magnitudes is None or exact:
-                    problem = mismatch(got_k, wanted[k])
-                else:
-                    problem = mismatch_beyond(
-                        got_k, wanted[k], relative * magnitudes[k]
-                    )
-                if problem:
-                    return f"value {k} replica {d}: {problem}"
+                wrong = problem(k, d, np.asarray(per_device[d]))
+                if wrong:
+                    return f"value {k} replica {d}: {wrong}"
         return None
 
 

@@ -67,8 +67,6 @@ def total_steps(v: Any, num_train: int) -> int:
 
 def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
     """The --cross_device_ops object the flags describe."""
-    import tensorflow as tf
-
     import tf_crossdevice
 
     name = class_of(v.flag_values_dict())
@@ -101,14 +99,7 @@ def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
         return tf_crossdevice.SpecAllReduce(
             v.all_reduce_spec or "xring", **packing, **extra
         )
-    options = tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=v.bytes_per_pack,
-        timeout_seconds=v.timeout_seconds,
-        implementation=getattr(
-            tf.distribute.experimental.CommunicationImplementation,
-            v.implementation,
-        ),
-    )
+    options = communication_options(v)
     if name == "CollectiveAllReduce":
         return tf_crossdevice.CollectiveAllReduce(options=options, **extra)
     local = None
@@ -116,6 +107,20 @@ def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
         local = tf_crossdevice.SpecAllReduce(v.all_reduce_spec, **packing)
     return tf_crossdevice.HierarchicalCollectiveAllReduce(
         local, options=options, **extra
+    )
+
+
+def communication_options(v: Any) -> Any:
+    """The collectives' options the flags describe."""
+    import tensorflow as tf
+
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=v.bytes_per_pack,
+        timeout_seconds=v.timeout_seconds,
+        implementation=getattr(
+            tf.distribute.experimental.CommunicationImplementation,
+            v.implementation,
+        ),
     )
 
 
@@ -157,7 +162,7 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
     compression = getattr(ops, "compression", None)
     powersgd = isinstance(compression, tf_crossdevice.compression.PowerSGD)
     return train_loops.Config(
-        loop=v.loop or ("custom" if v.mode == "in_graph" else "fit"),
+        loop=train_flags.loop_of(v.flag_values_dict()),
         model=v.model,
         depth=v.depth,
         width=v.width,
@@ -209,15 +214,27 @@ def run_collective_worker(v: Any) -> int:
     else:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     devices = local_devices(v)
-    ops = make_cross_device_ops(v)
-    strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
-        cross_device_ops=ops,
-        cluster_resolver=resolver,
-        communication_options=tf.distribute.experimental.CommunicationOptions(
+    if class_of(v.flag_values_dict()) == train_flags.BASELINE:
+        ops = None
+        described = "TensorFlow's MultiWorkerMirroredStrategy"
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver,
+            communication_options=communication_options(v),
+        )
+    else:
+        ops = make_cross_device_ops(v)
+        described = type(ops).__name__
+        # The class brings its own options; the strategy's are the default
+        # of the rest, and bound the wait for the other workers at start.
+        timeout = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=v.timeout_seconds
-        ),
-        local_devices=devices,
-    )
+        )
+        strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+            cross_device_ops=ops,
+            cluster_resolver=resolver,
+            communication_options=timeout,
+            local_devices=devices,
+        )
     is_chief = (job == "chief") or (
         job == "worker"
         and index == 0
@@ -227,7 +244,7 @@ def run_collective_worker(v: Any) -> int:
         workers = strategy.num_replicas_in_sync // len(devices)
         print(
             f"mode=collective: {workers} workers x {len(devices)} devices, "
-            f"{type(ops).__name__}",
+            f"{described}",
             flush=True,
         )
     data = load_data(v)

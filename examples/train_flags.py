@@ -30,9 +30,17 @@ CLASSES = {
         "HierarchicalCopyAllReduce",
         "SpecAllReduce",
     ),
-    "collective": ("HierarchicalCollectiveAllReduce", "CollectiveAllReduce"),
+    "collective": (
+        "HierarchicalCollectiveAllReduce",
+        "CollectiveAllReduce",
+        "TensorFlow",
+    ),
     "in_graph": ("MultiWorkerAllReduce",),
 }
+# --mode=collective with TensorFlow's own
+# tf.distribute.MultiWorkerMirroredStrategy instead of ours: the baseline
+# that examples/s and accuracy are compared with.
+BASELINE = "TensorFlow"
 # Classes whose constructors take these flags.
 TAKES_SPEC = (
     "AllReduceCrossDeviceOps",
@@ -70,7 +78,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         "loop",
         None,
         LOOPS,
-        "Keras model.fit or a custom loop (default: fit; in_graph: custom).",
+        "Keras model.fit or a custom loop (default: fit; in_graph and "
+        f"{BASELINE}: custom).",
         flag_values=fv,
     )
     d.DEFINE_enum(
@@ -169,7 +178,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         None,
         "The tf_crossdevice class: "
         + "; ".join(f"{m}: {', '.join(c)}" for m, c in CLASSES.items())
-        + " (first: default).",
+        + f" (first: default; {BASELINE}: TensorFlow's own "
+        "tf.distribute.MultiWorkerMirroredStrategy, the baseline).",
         flag_values=fv,
     )
     d.DEFINE_string(
@@ -507,6 +517,16 @@ def class_of(v: dict[str, Any]) -> str:
     return v["cross_device_ops"] or CLASSES[v["mode"]][0]
 
 
+def loop_of(v: dict[str, Any]) -> str:
+    """--loop, or its default: custom in_graph and for the baseline (see
+    check_flags), else fit."""
+    if v["loop"]:
+        return v["loop"]
+    if v["mode"] == "in_graph" or class_of(v) == BASELINE:
+        return "custom"
+    return "fit"
+
+
 def spec_algorithms(spec: str) -> list[str]:
     """The single-level algorithm names of a valid spec."""
     from tf_crossdevice import algorithms
@@ -524,6 +544,14 @@ def check_flags(v: dict[str, Any]) -> None:
         raise flags.ValidationError(
             f"--cross_device_ops: {name!r} is not a class of --mode={mode}; "
             f"expected one of {', '.join(CLASSES[mode])}"
+        )
+    if v["loop"] == "fit" and name == BASELINE:
+        raise flags.ValidationError(
+            f"--loop: --cross_device_ops={BASELINE} trains with a custom "
+            "loop: Keras 3's model.fit fails under TensorFlow's own "
+            "MultiWorkerMirroredStrategy with more than one worker "
+            "(keras-team/keras#20585); use --loop=custom, or our strategy "
+            "(CollectiveAllReduce) with fit"
         )
     if v["loop"] == "fit" and mode == "in_graph":
         raise flags.ValidationError(
@@ -607,6 +635,15 @@ def check_flags(v: dict[str, Any]) -> None:
                 "which needs GPUs; this machine's workers have only CPUs "
                 "(try xring, rechd or pscpu)"
             )
+    if name == BASELINE:
+        chosen = local_devices_of(v)
+        if chosen.device_type == "CPU" and chosen.count != 1:
+            raise flags.ValidationError(
+                f"--devices_per_worker: --cross_device_ops={BASELINE} is "
+                "tf.distribute.MultiWorkerMirroredStrategy, which has one "
+                "replica per worker on hosts without GPUs (its CPU); got "
+                f"{chosen.count}: pass --devices_per_worker=1"
+            )
     if name == "NcclAllReduce" and local_devices_of(v).device_type == "CPU":
         raise flags.ValidationError(
             "--cross_device_ops: NcclAllReduce needs GPUs; this machine has "
@@ -631,7 +668,7 @@ def check_flags(v: dict[str, Any]) -> None:
             f"--batch_size: {v['batch_size']} does not split over {replicas} "
             f"replicas ({how}); use a multiple of {replicas}"
         )
-    loop = v["loop"] or ("custom" if mode == "in_graph" else "fit")
+    loop = loop_of(v)
     k = v["accumulation_steps"]
     if k > 1 and mode == "in_graph":
         raise flags.ValidationError(

@@ -237,6 +237,26 @@ def test_the_defaults_are_the_main_job():
             r"devices_per_worker\); use a multiple of 12",
         ),
         (
+            {"cross_device_ops": "TensorFlow"},
+            r"--devices_per_worker: --cross_device_ops=TensorFlow is "
+            r"tf.distribute.MultiWorkerMirroredStrategy, which has one "
+            r"replica per worker on hosts without GPUs \(its CPU\); got 2",
+        ),
+        (
+            {"cross_device_ops": "TensorFlow", "loop": "fit"},
+            r"--loop: --cross_device_ops=TensorFlow trains with a custom "
+            r"loop: Keras 3's model.fit fails under TensorFlow's own "
+            r"MultiWorkerMirroredStrategy",
+        ),
+        (
+            {
+                "cross_device_ops": "TensorFlow",
+                "devices_per_worker": 1,
+                "compression": "bf16",
+            },
+            r"--compression: --cross_device_ops=TensorFlow does not compress",
+        ),
+        (
             {"steps": 50, "log_every": 20},
             r"--steps: with --loop=fit, 50 must be a multiple of "
             r"--log_every=20",
@@ -354,6 +374,7 @@ def test_good_combinations_pass():
         {"cross_device_ops": "CollectiveAllReduce", "compression": "bf16"},
         {"loop": "custom", "accumulation_steps": 4},
         {"mode": "mirrored", "loop": "custom", "accumulation_steps": 2},
+        {"cross_device_ops": "TensorFlow", "devices_per_worker": 1},
     ]:  # fmt: skip
         with flagsaver.flagsaver(**overrides):
             train_flags.check_flags(FLAGS.flag_values_dict())

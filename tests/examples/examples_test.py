@@ -113,6 +113,26 @@ def test_collective_workers_from_flags_exit_without_errors(tmp_path):
     check_model_dir(str(tmp_path), 6)
 
 
+def test_tensorflow_baseline_trains_with_tfs_own_strategy(tmp_path):
+    # The job's baseline: the same flags, TensorFlow's strategy instead.
+    out = run(
+        "--cross_device_ops=TensorFlow",
+        "--devices_per_worker=1",
+        "--bytes_per_pack=4096",
+        "--model=dense",
+        "--image_size=8",
+        "--num_examples=512",
+        "--steps=6",
+        "--log_every=3",
+        f"--model_dir={tmp_path}",
+    )
+    assert (
+        "2 workers x 1 devices, TensorFlow's MultiWorkerMirroredStrategy" in out
+    )
+    assert "replica weights equal: yes (2 replicas)" in out
+    check_model_dir(str(tmp_path), 6)
+
+
 def write_image_folder(root) -> str:
     """3 classes of 8x8 PNGs told apart by their colour."""
     rng = np.random.default_rng(0)

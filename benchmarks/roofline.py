@@ -210,6 +210,10 @@ def powersgd_bytes(
     sends P (n x r) and Q (m x r), r = min(n, m, rank), where that is fewer
     than n*m values; every other tensor is sent whole.
 
+    This restates `PowerSGD.compresses` from the paper on purpose, so that
+    the bytes model does not trust the code it scores; the benchmark's
+    tests check both on ResNet-50's shapes.
+
     >>> powersgd_bytes([(3, 3, 64, 128), (128,), (10, 10)], rank=4)
     12176
     """

@@ -68,6 +68,15 @@ def test_resnet50_sends_what_the_paper_promises(rank, fewer):
         assert got / MIB == pytest.approx(1.57, abs=0.005)
 
 
+@pytest.mark.parametrize("rank", [1, 4, 8])
+def test_the_bytes_model_agrees_with_what_the_compressor_sends(rank):
+    # Written apart on purpose; here both rules meet on real models.
+    compressor = PowerSGD(rank=rank)
+    for w in (workloads.resnet50(), workloads.bert_base()):
+        sent = sum(compressor.elements_sent(s) for s in w.shapes)
+        assert roofline.powersgd_bytes(w.shapes, rank) == 4 * sent
+
+
 def test_the_bytes_model_of_a_powersgd_entry_is_its_all_reduces():
     name = (
         "ours MultiWorkerAllReduce ('pscpu/pscpu', 2, -1) num_packs=1 "

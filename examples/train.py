@@ -70,13 +70,7 @@ def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
     import tf_crossdevice
 
     name = class_of(v.flag_values_dict())
-    extra: dict[str, Any] = {}
-    if v.compression == "powersgd":
-        extra["compression"] = tf_crossdevice.compression.PowerSGD(
-            rank=v.powersgd_rank
-        )
-    elif v.compression != "none":
-        extra["compression"] = v.compression
+    extra = compression_of(v)
     packing = {
         "agg_small_grads_max_bytes": v.agg_small_grads_max_bytes,
         "agg_small_grads_max_group": v.agg_small_grads_max_group,
@@ -108,6 +102,19 @@ def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
     return tf_crossdevice.HierarchicalCollectiveAllReduce(
         local, options=options, **extra
     )
+
+
+def compression_of(v: Any) -> dict[str, Any]:
+    """The `compression` argument --compression describes, if any: a
+    PowerSGD compressor (a new one: it holds the job's state) or a codec."""
+    import tf_crossdevice
+
+    if v.compression == "powersgd":
+        compressor = tf_crossdevice.compression.PowerSGD(rank=v.powersgd_rank)
+        return {"compression": compressor}
+    if v.compression != "none":
+        return {"compression": v.compression}
+    return {}
 
 
 def communication_options(v: Any) -> Any:
@@ -277,13 +284,6 @@ def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
         device_type=device_type,
     )
     spec = v.all_reduce_spec or "pscpu/pscpu#2"
-    extra: dict[str, Any] = {}
-    if v.compression == "powersgd":
-        extra["compression"] = tf_crossdevice.compression.PowerSGD(
-            rank=v.powersgd_rank
-        )
-    elif v.compression != "none":
-        extra["compression"] = v.compression
     ops = tf_crossdevice.MultiWorkerAllReduce(
         replicas.worker_devices,
         per_worker if device_type == "GPU" else 0,
@@ -291,7 +291,7 @@ def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
         num_packs=v.num_packs or 0,
         agg_small_grads_max_bytes=v.agg_small_grads_max_bytes,
         agg_small_grads_max_group=v.agg_small_grads_max_group,
-        **extra,
+        **compression_of(v),
     )
     print(
         f"mode=in_graph: {len(replicas.worker_devices)} workers x "

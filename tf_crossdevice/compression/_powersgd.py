@@ -560,7 +560,7 @@ class PowerSGD(tf.Module):
                         _, n, _, r = layouts[run[0]]
                         batch = orthogonalize(tf.reshape(part, (-1, n, r)))
                         for j, p in zip(
-                            run, _unstack(batch, len(run)), strict=True
+                            run, tf.unstack(batch, num=len(run)), strict=True
                         ):
                             p_hat[j, i] = p
                     for j in group:
@@ -670,18 +670,14 @@ def orthogonalize(matrix: tf.Tensor) -> tf.Tensor:
 
 def _orthogonalize_each(matrices: list[tf.Tensor]) -> list[tf.Tensor]:
     """`orthogonalize` of each of `matrices` (one shape), in one batch."""
-    if len(matrices) == 1:
-        return [orthogonalize(matrices[0])]
-    return _unstack(orthogonalize(tf.stack(matrices)), len(matrices))
-
-
-def _unstack(batch: tf.Tensor, count: int) -> list[tf.Tensor]:
-    return tf.unstack(batch, num=count) if count > 1 else [batch[0]]
+    batch = orthogonalize(tf.stack(matrices))
+    return tf.unstack(batch, num=len(matrices))
 
 
 def _runs(items: Any, key: Callable[[int], Any]) -> list[list[int]]:
-    """`items` (ints) grouped by `key`: runs of consecutive equal keys when
-    the items are sorted by it, each run in order of first appearance."""
+    """`items` (ints) grouped by `key`, groups and items in order of first
+    appearance (runs of consecutive items where `items` is sorted by
+    `key`)."""
     runs: dict[Any, list[int]] = {}
     for item in items:
         runs.setdefault(key(item), []).append(item)

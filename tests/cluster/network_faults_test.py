@@ -13,7 +13,10 @@ the outage, the slowed link, then the cut that ends the job. Sums are
 checked against numpy. The in-graph client (tests/network_faults_child.py
 --in_graph) gets a pair of hosts of its own. No cut test runs the
 hierarchical class: there TensorFlow 2.21 itself died with SIGSEGV while
-aborting the timed-out collective in 2 of about 13 runs. After the tests
+aborting the timed-out collective in 2 of about 13 runs. With the flat
+class it died so on the cut-off host once, on a loaded machine: that
+worker's stall report, logged before, must then name the other. After the
+tests
 no process, namespace, link or cgroup of them remains. These tests build
 namespaces: they need root on Linux, which README's test command and CI
 have.
@@ -27,6 +30,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -313,11 +317,28 @@ def test_a_host_cut_off_is_reported_then_named_by_the_timeout_s_error(
 
 
 def failure_after_cut(
-    child: processes.Child, cut_at: float, size: int, devices: int = 1
-) -> dict:
+    child: processes.Child,
+    cut_at: float,
+    size: int,
+    devices: int = 1,
+    may_crash: bool = False,
+) -> dict | None:
     """The error `child` replies after the cut; the steps before it had
-    the right sums and ended before the cut."""
-    replies = steps_until(child, lambda r: "error" in r)
+    the right sums and ended before the cut.
+
+    With `may_crash`, None when TensorFlow died with SIGSEGV aborting the
+    timed-out collective (its own log line says so) before the error
+    reached the child's reply.
+    """
+    try:
+        replies = steps_until(child, lambda r: "error" in r)
+    except processes.ChildError as e:
+        if not (may_crash and e.returncode == -signal.SIGSEGV):
+            raise
+        assert "Collective has timed out during execution" in (
+            child.stderr_text()
+        ), str(e)
+        return None
     for reply in replies[:-1]:
         check_sum(reply, size, devices)
         assert reply["time"] <= cut_at + IN_FLIGHT, reply["time"]
@@ -332,32 +353,45 @@ def check_both_fail_naming_each_other(
     size: int = SIZE,
     devices: int = 1,
 ) -> None:
-    """Each worker fails naming the other, worker 0 at the timeout."""
-    failures = [
-        failure_after_cut(child, cut_at, size, devices) for child in children
-    ]
-    worker_0, worker_1 = failures
+    """Each worker fails naming the other, worker 0 at the timeout.
+
+    The cut-off worker's TensorFlow sometimes dies with SIGSEGV while it
+    aborts the timed-out collective (a crash inside TensorFlow 2.21, seen
+    with both collective classes on a loaded machine); then its stall
+    report, logged before, must have named worker 0.
+    """
+    worker_0 = failure_after_cut(children[0], cut_at, size, devices)
+    worker_1 = failure_after_cut(
+        children[1], cut_at, size, devices, may_crash=True
+    )
+    assert worker_0 is not None
     # Worker 0 names task 1, which it cannot reach, and its address.
     assert worker_0["error"] == "DeadlineExceededError", worker_0
     assert (
         f"tasks not reachable: /job:worker/replica:0/task:1 ({addresses[1]})"
         in worker_0["message"]
     ), worker_0
+    took_0 = worker_0["time"] - cut_at
+    print(f"worker 0: {worker_0['error']} {took_0:.1f} s after the cut")
+    assert TIMEOUT - 1 <= took_0 <= TIMEOUT + MARGIN, took_0
+    unreachable_0 = f"/job:worker/replica:0/task:0 ({addresses[0]})"
+    if worker_1 is None:
+        stderr = children[1].stderr_text()
+        assert f"Not reachable: {unreachable_0}" in stderr, stderr[-3000:]
+        print("worker 1: TensorFlow died with SIGSEGV aborting its collective")
+        return
     # The cut host cannot reach anyone either; TensorFlow may see that as
     # a refused connection before the timeout.
     assert worker_1["error"] in (
         "DeadlineExceededError",
         "UnavailableError",
     ), worker_1
-    assert (
-        f"tasks not reachable: /job:worker/replica:0/task:0 ({addresses[0]})"
-        in worker_1["message"]
-    ), worker_1
-    took = [f["time"] - cut_at for f in failures]
-    for i, (failure, seconds) in enumerate(zip(failures, took, strict=True)):
-        print(f"worker {i}: {failure['error']} {seconds:.1f} s after the cut")
-    assert TIMEOUT - 1 <= took[0] <= TIMEOUT + MARGIN, took
-    assert took[1] <= TIMEOUT + MARGIN, took
+    assert f"tasks not reachable: {unreachable_0}" in worker_1["message"], (
+        worker_1
+    )
+    took_1 = worker_1["time"] - cut_at
+    print(f"worker 1: {worker_1['error']} {took_1:.1f} s after the cut")
+    assert took_1 <= TIMEOUT + MARGIN, took_1
 
 
 @pytest.mark.slow

@@ -182,6 +182,7 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
         model_dir=v.model_dir,
         timeout_seconds=v.timeout_seconds,
         compression_state=compression if powersgd else None,
+        timing_steps=v.timing_steps,
     )
 
 

@@ -288,6 +288,17 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         flag_values=fv,
     )
     d.DEFINE_integer(
+        "timing_steps",
+        0,
+        "If > 0 (--mode=collective, --loop=custom): after training, time "
+        "this many steps on this host alone (a copy of the model, no "
+        "all-reduce) and this many all-reduces alone, and add to the "
+        "summary the all-reduce's share of the step, the overlap (step / "
+        "the longer of the two) and the scaling efficiency (alone / step).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
         "log_every",
         40,
         "Steps between progress lines and checkpoints.",
@@ -683,6 +694,19 @@ def check_flags(v: dict[str, Any]) -> None:
             "all-reduces inside a cond in the replica function, which "
             "tf.distribute refuses (merge_call in control flow)"
         )
+    if v["timing_steps"] and (mode != "collective" or loop != "custom"):
+        raise flags.ValidationError(
+            "--timing_steps: compares the custom loop's step between "
+            "workers with the same step on one host alone; it needs "
+            f"--mode=collective and --loop=custom, got --mode={mode} "
+            f"--loop={loop}"
+        )
+    if k > 1 and v["timing_steps"]:
+        raise flags.ValidationError(
+            f"--timing_steps: times one all-reduce per step; with "
+            f"--accumulation_steps={k} a step all-reduces once per {k} "
+            "micro-batches (leave one of the two at its default)"
+        )
     if v["batch_size"] % (replicas * k):
         raise flags.ValidationError(
             f"--batch_size: {v['batch_size']} does not split into "
@@ -701,7 +725,7 @@ def _register_validators(fv: flags.FlagValues) -> None:
         "mode", "loop", "job_name", "task_index", "worker_hosts",
         "cluster_spec", "num_workers", "devices_per_worker",
         "cross_device_ops", "all_reduce_spec", "compression", "batch_size",
-        "steps", "epochs", "log_every", "accumulation_steps",
+        "steps", "epochs", "log_every", "accumulation_steps", "timing_steps",
     ]  # fmt: skip
 
     def validate(values: dict[str, Any]) -> bool:

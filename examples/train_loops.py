@@ -32,6 +32,7 @@ import tensorflow as tf
 import train_data
 import train_models
 import train_report
+import train_timing
 
 import tf_crossdevice
 
@@ -59,6 +60,9 @@ class Config:
     # A PowerSGD compressor whose state (each replica's error, Q) is this
     # worker's own, saved and restored beside the model's checkpoint.
     compression_state: Any = None
+    # After training, steps timed on this host alone and all-reduces timed
+    # alone (train_timing; 0: none).
+    timing_steps: int = 0
 
 
 def build_model(config: Config, data: train_data.Data) -> keras.Model:
@@ -219,6 +223,11 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     weights = [np.asarray(v.numpy()) for v in model.weights]
     eval_accuracy = _eval_accuracy(lambda x: model(x, training=False), data)
     reporter.write_eval(config.steps, eval_accuracy)
+    parts = (
+        _time_parts(strategy, model, config, data, reporter)
+        if config.timing_steps
+        else None
+    )
     if not is_chief:
         _remove_scratch(save_dir)
     return train_report.summary(
@@ -229,6 +238,42 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         strategy.num_replicas_in_sync,
         train_report.weights_digest(weights),
         config.model_dir,
+        parts,
+    )
+
+
+def _time_parts(strategy, model, config, data, reporter):
+    """The training's step against the same step on this host alone and
+    the all-reduce alone (train_timing)."""
+    devices = list(strategy.extended.worker_devices)
+    batch = config.batch_size * len(devices) // strategy.num_replicas_in_sync
+    weights = model.get_weights()
+    alone = tf.distribute.MirroredStrategy(devices)
+    with alone.scope():
+        copy = build_model(config, data)
+        copy.set_weights(weights)
+        optimizer = keras.optimizers.SGD(
+            config.learning_rate, momentum=MOMENTUM
+        )
+        optimizer.build(copy.trainable_variables)
+    calls = config.timing_steps
+    batches = train_data.dataset(data, batch, config.seed, 0, calls + 1)
+    steps = _custom_loop(
+        alone,
+        copy,
+        optimizer,
+        batches,
+        dataclasses.replace(config, batch_size=batch),
+    )
+    alone_seconds, alone_cores = train_timing.steps_seconds(steps, calls)
+    all_reduce, all_reduce_cores = train_timing.all_reduce_seconds(
+        strategy, model.trainable_variables, calls
+    )
+    return train_timing.Parts(
+        reporter.median_step_seconds(),
+        alone_seconds,
+        all_reduce,
+        (reporter.step_cores(), alone_cores, all_reduce_cores),
     )
 
 

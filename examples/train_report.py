@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
+import train_timing
 from tensorflow.core.framework import summary_pb2
 
 RULE = "-" * 64
@@ -55,12 +56,16 @@ class Reporter:
         # Steps this run trained (counted as they end, not worked out from
         # the step numbers): a resumed job trains only the steps it lacks.
         self.steps_trained = 0
+        self._step_ends: list[float] = []
+        self._step_cpu: list[float] = []
         self.loss = float("nan")
         self.accuracy = float("nan")
 
     def step_done(self) -> None:
         """Counts a step; the first one's end (tracing) is left out of rates."""
         self.steps_trained += 1
+        self._step_ends.append(time.perf_counter())
+        self._step_cpu.append(time.process_time())
         if self.steps_trained == 1:
             self._first_step_end = time.perf_counter()
             self._first_step = self.start_step + 1
@@ -101,6 +106,21 @@ class Reporter:
         steps = end_step - self._first_step
         return self.global_batch * steps / seconds, steps, seconds
 
+    def median_step_seconds(self) -> float:
+        """The median time from one step's end to the next's, after the
+        first step (nan before the third): steps that also saved a
+        checkpoint or printed a line are the outliers it leaves out."""
+        gaps = np.diff(self._step_ends[1:])
+        return float(np.median(gaps)) if len(gaps) else float("nan")
+
+    def step_cores(self) -> float:
+        """This process's CPU time over the wall time of the steps after
+        the first (every thread's): the cores its training kept busy."""
+        if len(self._step_ends) < 3:
+            return float("nan")
+        wall = self._step_ends[-1] - self._step_ends[1]
+        return (self._step_cpu[-1] - self._step_cpu[1]) / wall
+
     def write_eval(self, step: int, accuracy: float) -> None:
         if self._writer is not None:
             with self._writer.as_default(step=step):
@@ -124,8 +144,10 @@ def summary(
     num_replicas: int,
     digest: str,
     model_dir: str,
+    parts: train_timing.Parts | None = None,
 ) -> str:
-    """The closing block, like tf_cnn_benchmarks' (total images/sec)."""
+    """The closing block, like tf_cnn_benchmarks' (total images/sec), with
+    the step's parts when they were timed."""
     rate, steps, seconds = reporter.total_rate()
     equal = "yes" if replicas_equal else "NO"
     return "\n".join(
@@ -136,6 +158,7 @@ def summary(
             f"total examples/s: {rate:.1f} ({steps} steps x "
             f"{reporter.global_batch} examples in {seconds:.1f} s, after "
             "the first step)",
+            *(parts.lines() if parts else []),
             f"final loss: {reporter.loss:.4f}",
             f"final training accuracy: {reporter.accuracy:.3f}",
             f"held-out accuracy: {eval_accuracy:.3f} ({eval_examples} "

@@ -231,6 +231,23 @@ def test_the_defaults_are_the_main_job():
             r"strategy; --mode=in_graph does not accumulate",
         ),
         (
+            {"timing_steps": 5},
+            r"--timing_steps: compares the custom loop's step between "
+            r"workers with the same step on one host alone; it needs "
+            r"--mode=collective and --loop=custom, got --mode=collective "
+            r"--loop=fit",
+        ),
+        (
+            {"mode": "in_graph", "timing_steps": 5},
+            r"--timing_steps: .* got --mode=in_graph --loop=custom",
+        ),
+        (
+            {"loop": "custom", "accumulation_steps": 2, "timing_steps": 5},
+            r"--timing_steps: times one all-reduce per step; with "
+            r"--accumulation_steps=2 a step all-reduces once per 2 "
+            r"micro-batches",
+        ),
+        (
             {"loop": "custom", "accumulation_steps": 3},
             r"--batch_size: 64 does not split into --accumulation_steps=3 "
             r"micro-batches over 4 replicas \(2 workers x 2 "

@@ -81,6 +81,32 @@ def check_model_dir(model_dir: str, steps: int) -> None:
     assert tf.train.latest_checkpoint(model_dir).endswith(f"ckpt-{steps}")
 
 
+def check_parts(out: str) -> None:
+    """The summary's step parts (--timing_steps): each time measured, and
+    each ratio what the printed times give."""
+    times = re.search(
+        r"step ([\d.]+) ms; this host alone ([\d.]+) ms; all-reduce alone "
+        r"([\d.]+) ms",
+        out,
+    )
+    assert times, out
+    step, alone, all_reduce = (float(t) for t in times.groups())
+    assert step > 0 and alone > 0 and all_reduce > 0, times[0]
+
+    def ratio(name: str) -> float:
+        return float(re.search(rf"{name}: ([\d.]+) ", out)[1])
+
+    # Printed to 0.1 ms and two decimals.
+    close = {"abs": 0.006 + 0.1 / min(step, alone, all_reduce)}
+    assert ratio("all-reduce share of the step") == pytest.approx(
+        all_reduce / step, **close
+    )
+    assert ratio("overlap") == pytest.approx(
+        step / max(alone, all_reduce), **close
+    )
+    assert ratio("scaling efficiency") == pytest.approx(alone / step, **close)
+
+
 def test_collective_workers_from_flags_exit_without_errors(tmp_path):
     # One command per host, as on real machines: --worker_hosts and
     # --task_index instead of TF_CONFIG; CollectiveAllReduce, custom loop.
@@ -97,6 +123,7 @@ def test_collective_workers_from_flags_exit_without_errors(tmp_path):
         f"--worker_hosts={','.join(hosts)}",
         f"--model_dir={tmp_path}",
         "--timeout_seconds=120",
+        "--timing_steps=2",
     ]
     workers = [
         start(*common, "--job_name=worker", f"--task_index={i}") for i in (0, 1)
@@ -109,6 +136,7 @@ def test_collective_workers_from_flags_exit_without_errors(tmp_path):
         processes.stop_all(workers)
     assert "CollectiveAllReduce" in outs[0]
     assert "replica weights equal: yes (4 replicas)" in outs[0]
+    check_parts(outs[0])
     assert outs[1] == ""  # Only the chief reports.
     check_model_dir(str(tmp_path), 6)
 
@@ -125,11 +153,13 @@ def test_tensorflow_baseline_trains_with_tfs_own_strategy(tmp_path):
         "--steps=6",
         "--log_every=3",
         f"--model_dir={tmp_path}",
+        "--timing_steps=2",
     )
     assert (
         "2 workers x 1 devices, TensorFlow's MultiWorkerMirroredStrategy" in out
     )
     assert "replica weights equal: yes (2 replicas)" in out
+    check_parts(out)
     check_model_dir(str(tmp_path), 6)
 
 

@@ -248,7 +248,11 @@ def _time_parts(strategy, model, config, data, reporter):
     devices = list(strategy.extended.worker_devices)
     batch = config.batch_size * len(devices) // strategy.num_replicas_in_sync
     weights = model.get_weights()
-    alone = tf.distribute.MirroredStrategy(devices)
+    # Not TensorFlow's default for CPUs, collectives: their group keys,
+    # counted from 1 in each strategy, would clash with the job's.
+    alone = tf.distribute.MirroredStrategy(
+        devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
     with alone.scope():
         copy = build_model(config, data)
         copy.set_weights(weights)

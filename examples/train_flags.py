@@ -291,10 +291,12 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         "timing_steps",
         0,
         "If > 0 (--mode=collective, --loop=custom): after training, time "
-        "this many steps on this host alone (a copy of the model, no "
-        "all-reduce) and this many all-reduces alone, and add to the "
-        "summary the all-reduce's share of the step, the overlap (step / "
-        "the longer of the two) and the scaling efficiency (alone / step).",
+        "this many steps on this host alone (a copy of the model on this "
+        "worker's devices and its share of the batch; nothing crosses a "
+        "link) and this many all-reduces alone, and add to the summary the "
+        "all-reduce's share of the step, the overlap (step / the longer of "
+        "the two), the scaling efficiency (alone / step) and the cores "
+        "each kept busy.",
         lower_bound=0,
         flag_values=fv,
     )

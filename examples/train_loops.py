@@ -223,11 +223,19 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     weights = [np.asarray(v.numpy()) for v in model.weights]
     eval_accuracy = _eval_accuracy(lambda x: model(x, training=False), data)
     reporter.write_eval(config.steps, eval_accuracy)
-    parts = (
-        _time_parts(strategy, model, config, data, reporter)
-        if config.timing_steps
-        else None
-    )
+    parts = None
+    # The same answers on every worker, so that none waits alone in the
+    # timed all-reduces.
+    if config.timing_steps and reporter.steps_trained < 3:
+        if is_chief:
+            print(
+                f"--timing_steps: nothing timed; this run trained "
+                f"{reporter.steps_trained} steps, fewer than the 3 a median "
+                "step needs",
+                flush=True,
+            )
+    elif config.timing_steps and not watcher.should_stop():
+        parts = _time_parts(strategy, model, config, data, reporter)
     if not is_chief:
         _remove_scratch(save_dir)
     return train_report.summary(

@@ -67,7 +67,7 @@ class Reporter:
         self._step_ends.append(time.perf_counter())
         self._step_cpu.append(time.process_time())
         if self.steps_trained == 1:
-            self._first_step_end = time.perf_counter()
+            self._first_step_end = self._step_ends[-1]
             self._first_step = self.start_step + 1
 
     def record(self, step: int, loss: float, accuracy: float) -> None:
@@ -107,15 +107,16 @@ class Reporter:
         return self.global_batch * steps / seconds, steps, seconds
 
     def median_step_seconds(self) -> float:
-        """The median time from one step's end to the next's, after the
-        first step (nan before the third): steps that also saved a
-        checkpoint or printed a line are the outliers it leaves out."""
+        """The median time from one step's end to the next's, from the
+        second step's end on (nan with fewer than 3 steps): the first steps
+        trace, and steps that also saved a checkpoint or printed a line
+        are outliers the median leaves out."""
         gaps = np.diff(self._step_ends[1:])
         return float(np.median(gaps)) if len(gaps) else float("nan")
 
     def step_cores(self) -> float:
-        """This process's CPU time over the wall time of the steps after
-        the first (every thread's): the cores its training kept busy."""
+        """This process's CPU time over the wall time (every thread's),
+        from the second step's end on: the cores its training kept busy."""
         if len(self._step_ends) < 3:
             return float("nan")
         wall = self._step_ends[-1] - self._step_ends[1]

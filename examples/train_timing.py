@@ -8,8 +8,9 @@ own core share while the others do, as in training):
 
 - the step on this host alone: the same custom-loop step, on a copy of the
   model and optimizer under a `tf.distribute.MirroredStrategy` of this
-  worker's own devices, on this worker's part of the global batch. Nothing
-  crosses a link: it is the step a one-host job with this core share runs.
+  worker's own devices (several are reduced with ReductionToOneDevice), on
+  this worker's part of the global batch. Nothing crosses a link: it is
+  the step of a one-host job with this core share.
 - the all-reduce alone: the all-reduce the step runs, through the same path
   (Keras's optimizer sums the gradients with the replica context's
   `all_reduce`), on values of the gradients' shapes and dtypes: the
@@ -17,7 +18,12 @@ own core share while the others do, as in training):
   saved its last checkpoint already.
 
 Each is the median of `--timing_steps` calls after one untimed call that
-traces it; the training's step is the median of its own steps. From them:
+traces it; the training's step is the median of its own steps. Besides
+its all-reduce, the training's step also runs small collectives that
+neither reference does (the distributed iterator's check that every worker
+has data, the preemption watcher's agreement, the loss's and the correct
+count's reductions), and every worker builds the examples of the whole
+global batch before it keeps its share. The chief prints. From them:
 the all-reduce's share of the step, the overlap (the step against the
 longer of the two, as if the shorter were hidden behind it) and the scaling
 efficiency (the step alone over the step: these hosts' examples/s over as

@@ -14,10 +14,9 @@ checked against numpy. The in-graph client (tests/network_faults_child.py
 --in_graph) gets a pair of hosts of its own. No cut test runs the
 hierarchical class: there TensorFlow 2.21 itself died with SIGSEGV while
 aborting the timed-out collective in 2 of about 13 runs. With the flat
-class it died so on the cut-off host once, on a loaded machine: that
-worker's stall report, logged before, must then name the other. After the
-tests
-no process, namespace, link or cgroup of them remains. These tests build
+class it has died so on the cut-off host too: that worker's stall report,
+logged after the cut, must then name the other. After the tests no
+process, namespace, link or cgroup of them remains. These tests build
 namespaces: they need root on Linux, which README's test command and CI
 have.
 """
@@ -297,6 +296,8 @@ def test_a_host_cut_off_is_reported_then_named_by_the_timeout_s_error(
 ):
     bed, children, addresses = workers
     seen = len(stall_reports(children[0]))
+    # Worker 1's stall reports of the earlier tests' outages are before it.
+    stderr_at_cut = len(children[1].stderr_text())
     cut_at_monotonic, cut_at = time.monotonic(), time.time()
     bed.cut(1)
     # Before the timeout, worker 0's stall report names task 1. (The cut
@@ -313,7 +314,9 @@ def test_a_host_cut_off_is_reported_then_named_by_the_timeout_s_error(
     ), report
     assert "Slow:" not in report, report
     # ...and the timeout's error names it again.
-    check_both_fail_naming_each_other(children, addresses, cut_at)
+    check_both_fail_naming_each_other(
+        children, addresses, cut_at, stderr_at_cut=stderr_at_cut
+    )
 
 
 def failure_after_cut(
@@ -352,13 +355,15 @@ def check_both_fail_naming_each_other(
     cut_at: float,
     size: int = SIZE,
     devices: int = 1,
+    stderr_at_cut: int = 0,
 ) -> None:
     """Each worker fails naming the other, worker 0 at the timeout.
 
     The cut-off worker's TensorFlow sometimes dies with SIGSEGV while it
     aborts the timed-out collective (a crash inside TensorFlow 2.21, seen
-    with both collective classes on a loaded machine); then its stall
-    report, logged before, must have named worker 0.
+    with both collective classes on a loaded machine); then a stall report
+    it logged after the cut (its stderr from `stderr_at_cut` on) must have
+    named worker 0.
     """
     worker_0 = failure_after_cut(children[0], cut_at, size, devices)
     worker_1 = failure_after_cut(
@@ -376,7 +381,7 @@ def check_both_fail_naming_each_other(
     assert TIMEOUT - 1 <= took_0 <= TIMEOUT + MARGIN, took_0
     unreachable_0 = f"/job:worker/replica:0/task:0 ({addresses[0]})"
     if worker_1 is None:
-        stderr = children[1].stderr_text()
+        stderr = children[1].stderr_text()[stderr_at_cut:]
         assert f"Not reachable: {unreachable_0}" in stderr, stderr[-3000:]
         print("worker 1: TensorFlow died with SIGSEGV aborting its collective")
         return

@@ -96,15 +96,20 @@ def check_parts(out: str) -> None:
     def ratio(name: str) -> float:
         return float(re.search(rf"{name}: ([\d.]+) ", out)[1])
 
-    # Printed to 0.1 ms and two decimals.
-    close = {"abs": 0.006 + 0.1 / min(step, alone, all_reduce)}
+    # Printed to 0.1 ms and two decimals: each time off by up to 0.05 ms.
+    def close(a: float, b: float) -> dict[str, float]:
+        return {"abs": 0.006 + a / b * 0.05 * (1 / a + 1 / b)}
+
+    longer = max(alone, all_reduce)
     assert ratio("all-reduce share of the step") == pytest.approx(
-        all_reduce / step, **close
+        all_reduce / step, **close(all_reduce, step)
     )
     assert ratio("overlap") == pytest.approx(
-        step / max(alone, all_reduce), **close
+        step / longer, **close(step, longer)
     )
-    assert ratio("scaling efficiency") == pytest.approx(alone / step, **close)
+    assert ratio("scaling efficiency") == pytest.approx(
+        alone / step, **close(alone, step)
+    )
 
 
 def test_collective_workers_from_flags_exit_without_errors(tmp_path):

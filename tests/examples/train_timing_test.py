@@ -19,6 +19,7 @@ sys.path.insert(
         os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "examples"
     ),
 )
+import train_report  # noqa: E402
 import train_timing  # noqa: E402
 
 DEVICES = tf_crossdevice.testing.cpu_devices(2)
@@ -96,3 +97,24 @@ def test_after_waits_for_every_tensor():
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="1000"):
         f()
+
+
+def test_the_reporter_s_step_is_the_median_gap_from_the_second_step_on(
+    monkeypatch,
+):
+    reporter = train_report.Reporter(64, 0, 10, None, verbose=False)
+    clock = iter([0.0, 5.0, 5.1, 5.3, 5.4, 6.4, 6.5])  # Step ends.
+    cpu = iter([0.0, 4.0, 4.1, 4.2, 4.3, 4.4, 4.5])
+    monkeypatch.setattr(train_report.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(train_report.time, "process_time", lambda: next(cpu))
+    reporter.step_done()
+    reporter.step_done()
+    assert np.isnan(reporter.median_step_seconds())
+    assert np.isnan(reporter.step_cores())
+    for _ in range(5):
+        reporter.step_done()
+    # Gaps from the second step's end: 0.1, 0.2, 0.1, 1.0 (a checkpoint),
+    # 0.1; the first step (5.0 s, tracing) is left out.
+    assert reporter.median_step_seconds() == pytest.approx(0.1)
+    # 0.5 CPU seconds over 1.5 s of steps.
+    assert reporter.step_cores() == pytest.approx(0.5 / 1.5)

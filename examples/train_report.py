@@ -51,31 +51,30 @@ class Reporter:
             tf.summary.create_file_writer(log_dir) if log_dir else None
         )
         self._last = (start_step, time.perf_counter())
-        self._first_step_end: float | None = None
-        self._first_step = start_step
-        # Steps this run trained (counted as they end, not worked out from
-        # the step numbers): a resumed job trains only the steps it lacks.
-        self.steps_trained = 0
+        # When each step of this run ended (and the process's CPU time).
         self._step_ends: list[float] = []
         self._step_cpu: list[float] = []
         self.loss = float("nan")
         self.accuracy = float("nan")
 
+    @property
+    def steps_trained(self) -> int:
+        """Steps this run trained (counted as they end, not worked out from
+        the step numbers): a resumed job trains only the steps it lacks."""
+        return len(self._step_ends)
+
     def step_done(self) -> None:
         """Counts a step; the first one's end (tracing) is left out of rates."""
-        self.steps_trained += 1
         self._step_ends.append(time.perf_counter())
         self._step_cpu.append(time.process_time())
-        if self.steps_trained == 1:
-            self._first_step_end = self._step_ends[-1]
-            self._first_step = self.start_step + 1
 
     def record(self, step: int, loss: float, accuracy: float) -> None:
         """Reports the steps since the last call; `step` steps are done."""
         now = time.perf_counter()
         last_step, last_time = self._last
-        if self._first_step_end is not None and last_step < self._first_step:
-            last_step, last_time = self._first_step, self._first_step_end
+        first = self.start_step + 1
+        if self._step_ends and last_step < first:
+            last_step, last_time = first, self._step_ends[0]
         steps = max(step - last_step, 1)
         step_time = (now - last_time) / steps
         rate = self.global_batch / step_time if step_time > 0 else 0.0
@@ -100,10 +99,11 @@ class Reporter:
     def total_rate(self) -> tuple[float, int, float]:
         """(examples/s, steps, seconds) after the first step."""
         end_step, end_time = self._last
-        if self._first_step_end is None or end_step <= self._first_step:
+        first = self.start_step + 1
+        if not self._step_ends or end_step <= first:
             return 0.0, 0, 0.0
-        seconds = end_time - self._first_step_end
-        steps = end_step - self._first_step
+        seconds = end_time - self._step_ends[0]
+        steps = end_step - first
         return self.global_batch * steps / seconds, steps, seconds
 
     def median_step_seconds(self) -> float:

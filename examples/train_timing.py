@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from tf_crossdevice.tuning import measure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,21 +114,6 @@ def _wait(result: Any) -> None:
         np.asarray(t)
 
 
-def after(tensors: Iterable[Any], value: Any) -> Any:
-    """`value` plus 0 times one element of each of `tensors`: a result that
-    needs every one of them computed. (Ops whose results nothing reads are
-    pruned from a tf.function, and a control dependency alone did not stop
-    that.)"""
-    flat = tf.nest.flatten(list(tensors), expand_composites=True)
-    touched = [
-        tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32))
-        for t in flat
-        if t.dtype.is_floating
-    ]
-    value = tf.cast(value, tf.float32)
-    return value + 0.0 * tf.add_n(touched) if touched else value
-
-
 def steps_seconds(steps: Iterator[Any], calls: int) -> tuple[float, float]:
     """`median_seconds` of the next `calls` steps of `steps`."""
     return median_seconds(lambda: next(steps), calls)
@@ -141,7 +128,7 @@ def all_reduce_seconds(
     def replica_all_reduce():
         values = [tf.identity(v) for v in variables]
         context = tf.distribute.get_replica_context()
-        return after(context.all_reduce("sum", values), 0.0)
+        return measure.sink(context.all_reduce("sum", values))
 
     @tf.function
     def all_reduce():

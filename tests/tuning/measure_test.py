@@ -227,3 +227,15 @@ def test_an_entry_that_raises_leaves_the_rounds():
     assert count["bad"] == 2
     with pytest.raises(ValueError, match="rounds: expected an int >= 1"):
         measure.interleaved_rounds({}, {}, 0)
+
+
+def test_sink_waits_for_every_tensor():
+    # Ops whose results nothing reads are pruned from a tf.function; this
+    # stateless one fails when it runs.
+    @tf.function
+    def f():
+        bad = tf.gather(tf.constant([1.0, 2.0]), [1000])
+        return measure.sink([tf.constant(1.0), bad])
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="1000"):
+        f()

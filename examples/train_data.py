@@ -212,14 +212,54 @@ def batch_indices(
 def dataset(
     data: Data, global_batch: int, seed: int, start: int, stop: int
 ) -> tf.data.Dataset:
-    """Global batches of steps [start, stop), as (images, labels)."""
+    """Global batches of steps [start, stop), as (images, labels): for a
+    reader that splits them itself (the in-graph controller)."""
     rows = batch_indices(data.num_train, global_batch, seed, start, stop)
-    options = tf.data.Options()
-    # Examples are computed from indices, not read from files: workers split
-    # each global batch (the distribution rebatches it per replica).
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA
+    return _examples(data, rows)
+
+
+def replica_dataset(
+    data: Data,
+    global_batch: int,
+    seed: int,
+    start: int,
+    stop: int,
+    context: tf.distribute.InputContext,
+    micro_steps: int = 1,
+) -> tf.data.Dataset:
+    """One input pipeline's share of steps [start, stop): for
+    `strategy.distribute_datasets_from_function`.
+
+    Each global batch is split into `micro_steps` micro-batches, and each
+    micro-batch into one slice per replica of the job, in order: replica
+    `g` (this pipeline's replicas come after the earlier pipelines') gets
+    the g-th slice. The dataset yields this pipeline's slices, micro-batch
+    by micro-batch, and the strategy hands them to its replicas in turn.
+    So a worker computes only the examples its own replicas train on.
+
+    >>> rows = batch_indices(8, 8, seed=0, start=0, stop=1)[0]
+    >>> second = tf.distribute.InputContext(2, 1, num_replicas_in_sync=4)
+    >>> def example(i):
+    ...     return tf.ones([1, 1, 3]), tf.cast(i, tf.int32)
+    >>> data = Data(1, 2, 8, example, None, None, "")
+    >>> labels = [y.numpy().tolist() for _, y in
+    ...           replica_dataset(data, 8, 0, 0, 1, second)]
+    >>> labels == [rows[4:6].tolist(), rows[6:8].tolist()]
+    True
+    """
+    replicas = context.num_replicas_in_sync
+    local = replicas // context.num_input_pipelines
+    first = context.input_pipeline_id * local
+    per_replica = global_batch // (micro_steps * replicas)
+    rows = batch_indices(data.num_train, global_batch, seed, start, stop)
+    slices = rows.reshape(-1, replicas, per_replica)
+    return _examples(
+        data, slices[:, first : first + local].reshape(-1, per_replica)
     )
+
+
+def _examples(data: Data, rows: np.ndarray) -> tf.data.Dataset:
+    """Batches of (images, labels), one per row of example indices."""
     return (
         tf.data.Dataset.from_tensor_slices(rows)
         .map(
@@ -233,5 +273,4 @@ def dataset(
             )
         )
         .prefetch(2)
-        .with_options(options)
     )

@@ -193,8 +193,18 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         if is_chief:
             print(f"checkpoint saved at step {step}", flush=True)
 
-    def dataset(first: int, stop: int) -> tf.data.Dataset:
-        return train_data.dataset(data, global_batch, config.seed, first, stop)
+    def dataset(first: int, stop: int, micro_steps: int = 1) -> Any:
+        return strategy.distribute_datasets_from_function(
+            lambda context: train_data.replica_dataset(
+                data,
+                global_batch,
+                config.seed,
+                first,
+                stop,
+                context,
+                micro_steps,
+            )
+        )
 
     stopped = None
     if start < config.steps:
@@ -207,9 +217,9 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
                 if config.accumulation_steps > 1
                 else _custom_loop
             )
+            batches = dataset(start, config.steps, config.accumulation_steps)
             stopped = _log_and_save(
-                loop(strategy, model, optimizer,
-                     dataset(start, config.steps), config),
+                loop(strategy, model, optimizer, batches, config),
                 start, config, global_batch, reporter, save, watcher,
             )  # fmt: skip
     if stopped is not None:
@@ -269,7 +279,11 @@ def _time_parts(strategy, model, config, data, reporter):
         )
         optimizer.build(copy.trainable_variables)
     calls = config.timing_steps
-    batches = train_data.dataset(data, batch, config.seed, 0, calls + 1)
+    batches = alone.distribute_datasets_from_function(
+        lambda context: train_data.replica_dataset(
+            data, batch, config.seed, 0, calls + 1, context
+        )
+    )
     steps = _custom_loop(
         alone,
         copy,
@@ -347,10 +361,11 @@ def _fit(model, dataset, config, start, reporter, save, watcher) -> int | None:
 
 
 def _custom_loop(
-    strategy, model, optimizer, dataset, config
+    strategy, model, optimizer, batches, config
 ) -> Iterator[tuple[Any, Any]]:
-    """strategy.run steps; the optimizer all-reduces the gradients. Each
-    step's summed loss and correct count, as the steps run."""
+    """strategy.run steps on `batches` (a distributed dataset, one element
+    per step); the optimizer all-reduces the gradients. Each step's summed
+    loss and correct count, as the steps run."""
     loss_fn = _loss_fn()
     global_batch = config.batch_size
 
@@ -366,31 +381,28 @@ def _custom_loop(
         )
         guesses = tf.cast(tf.argmax(logits, axis=1), labels.dtype)
         correct = tf.reduce_sum(tf.cast(guesses == labels, tf.float32))
-        return loss, correct
+        # One reduction for both, not a collective each.
+        return tf.stack([loss, correct])
 
     @tf.function
     def step(inputs):
-        loss, correct = strategy.run(replica_step, args=inputs)
-        return (
-            strategy.reduce("sum", loss, axis=None),
-            strategy.reduce("sum", correct, axis=None),
-        )
+        totals = strategy.run(replica_step, args=inputs)
+        loss, correct = tf.unstack(strategy.reduce("sum", totals, axis=None))
+        return loss, correct
 
-    return (
-        step(inputs)
-        for inputs in strategy.experimental_distribute_dataset(dataset)
-    )
+    return (step(inputs) for inputs in batches)
 
 
 def _accumulating_loop(
-    strategy, model, optimizer, dataset, config
+    strategy, model, optimizer, batches, config
 ) -> Iterator[tuple[Any, Any]]:
     """strategy.run micro-steps; one all-reduce per global batch. Each
     update's summed loss and correct count, as the updates run.
 
-    Each global batch is split into `accumulation_steps` micro-batches.
-    Every replica sums its micro-batch gradients (and its loss and correct
-    count, for the progress lines) locally; after the last micro-batch of
+    `batches` holds each global batch as `accumulation_steps` micro-batches
+    (a distributed dataset, one element per micro-step). Every replica sums
+    its micro-batch gradients (and its loss and correct count, for the
+    progress lines) locally; after the last micro-batch of
     a global batch the gradients are all-reduced once and applied, and the
     loss and count reduced once. Checkpoints are saved between global
     batches, where the sums are zero, so they hold no accumulator.
@@ -442,10 +454,7 @@ def _accumulating_loop(
         return loss, correct
 
     def updates():
-        micro_batches = strategy.experimental_distribute_dataset(
-            dataset.rebatch(micro_batch)
-        )
-        for i, inputs in enumerate(micro_batches):
+        for i, inputs in enumerate(batches):
             micro_step(inputs)
             if i % k == k - 1:
                 yield read_totals()
@@ -630,8 +639,8 @@ def _train_in_graph(replicas, ops, config, data, watcher):
                     variable.assign_add(velocity)
         return tf.add_n(losses) / len(losses), tf.add_n(correct)
 
-    # The same global batches as the other loops (the auto-shard option
-    # only matters to a strategy's distribution; here the controller reads).
+    # The same global batches as the other loops, split here in the same
+    # order among the replicas.
     batches = train_data.dataset(
         data, global_batch, config.seed, start, config.steps
     )

@@ -552,6 +552,34 @@ def test_batch_indices_cover_each_epoch_once():
     np.testing.assert_array_equal(later, rows[3:5])
 
 
+@pytest.mark.parametrize("micro_steps", [1, 2])
+def test_each_worker_builds_only_its_replicas_examples(micro_steps):
+    # 2 workers x 2 replicas, global batch 8: each micro-batch splits into
+    # 4 replica slices in order; worker w yields slices 2w and 2w + 1 of
+    # each micro-batch, and nothing else.
+    def example(index):  # The label is the example's index.
+        return tf.zeros([1, 1, 3]), tf.cast(index, tf.int32)
+
+    data = train_data.Data(1, 2, 12, example, None, None, "")
+    rows = train_data.batch_indices(12, 8, seed=1, start=2, stop=5)
+    per = 2 // micro_steps
+    for worker in (0, 1):
+        context = tf.distribute.InputContext(2, worker, 4)
+        labels = [
+            y.numpy().tolist()
+            for _, y in train_data.replica_dataset(
+                data, 8, 1, 2, 5, context, micro_steps
+            )
+        ]
+        expected = [
+            rows[step][m * 8 // micro_steps :][g * per : (g + 1) * per]
+            for step in range(3)
+            for m in range(micro_steps)
+            for g in (2 * worker, 2 * worker + 1)
+        ]
+        assert labels == [e.tolist() for e in expected]
+
+
 def test_synthetic_labels_come_from_the_teacher_and_use_every_class():
     data = train_data.synthetic(8, 4, num_train=64, seed=0)
     counts = np.bincount(data.eval_labels, minlength=4)

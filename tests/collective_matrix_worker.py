@@ -1,13 +1,14 @@
 """One worker of collective_matrix_test's clusters: runs every case, replies.
 
-Run as `python -m tests.collective_matrix_worker LOCAL_DEVICES` from the
-repository root with `TF_CONFIG` set (collective_matrix_test starts W of
-them through `tf_crossdevice.cluster.processes`). The process splits its
-CPU into LOCAL_DEVICES logical devices, then for each variant ("flat":
+Run as `python -m tests.collective_matrix_worker LOCAL_DEVICES
+IMPLEMENTATIONS` (comma-separated) from the repository root with
+`TF_CONFIG` set (collective_matrix_test starts W of them through
+`tf_crossdevice.cluster.processes`). The process splits its CPU into
+LOCAL_DEVICES logical devices, then for each variant ("flat":
 CollectiveAllReduce, "hier": HierarchicalCollectiveAllReduce) builds a
 `tf_crossdevice.MultiWorkerMirroredStrategy` and runs every case of
-`cases()` in that order (every worker runs the same program, so their
-collectives meet). It replies once per variant:
+`cases(IMPLEMENTATIONS)` in that order (every worker runs the same
+program, so their collectives meet). It replies once per variant:
 
     {"variant": V, "task": T, "results": {CASE: [RESULT, ...]}}
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -73,8 +75,9 @@ def ragged(g: int, axis: int, salt: int) -> np.ndarray:
     return (base + 100 * g + salt).astype(np.float32)
 
 
-def cases() -> list[dict[str, Any]]:
-    """Every case, in the order each worker runs them.
+def cases(implementations: Sequence[str]) -> list[dict[str, Any]]:
+    """Every case, in the order each worker runs them, with each of
+    `implementations` (of IMPLEMENTATIONS) in the batch cases.
 
     Keys: name, kind, salt, and per kind: op, implementation, pack (a key
     of PACK_SIZES), axis.
@@ -96,7 +99,7 @@ def cases() -> list[dict[str, Any]]:
     # alternates so that each (op, implementation) and (op, pack size) pair
     # comes up in each, and every triple in one of the two.
     for (i, implementation), (j, pack) in itertools.product(
-        enumerate(IMPLEMENTATIONS), enumerate(PACK_SIZES)
+        enumerate(implementations), enumerate(PACK_SIZES)
     ):
         for shift, kind in enumerate(("batch_reduce", "all_reduce")):
             op = OPS[(i + j + shift) % 2]
@@ -288,6 +291,7 @@ class _Runner:
 
 def main(argv: list[str]) -> None:
     local = int(argv[1])
+    implementations = argv[2].split(",")
     import json
     import os
 
@@ -320,7 +324,9 @@ def main(argv: list[str]) -> None:
             local_devices=[f"/cpu:{i}" for i in range(local)],
         )
         runner = _Runner(strategy, task, local)
-        results = {case["name"]: runner.run(case) for case in cases()}
+        results = {
+            case["name"]: runner.run(case) for case in cases(implementations)
+        }
         processes.reply({"variant": variant, "task": task, "results": results})
 
 

@@ -48,10 +48,16 @@ PACKING = {
 }
 
 
-def cases_for(replicas_per_worker):
+def cases_for(replicas_per_worker, every_packing=True):
+    """Every spec with every packing, or (`every_packing=False`) each spec
+    with one packing, taken in turn, so that each packing still meets
+    several specs and both replica counts."""
     cases = []
-    for spec_name, spec in SPECS.items():
+    for i, (spec_name, spec) in enumerate(SPECS.items()):
         packings = PACKING if spec_name != "default" else {"packs_0": {}}
+        if not every_packing:
+            name = list(packings)[(i + replicas_per_worker) % len(packings)]
+            packings = {name: packings[name]}
         for packing_name, packing in packings.items():
             cases.append(
                 {
@@ -126,12 +132,15 @@ def workers(request):
 
 @pytest.fixture(scope="module")
 def results(workers):
-    """Runs every case on the cluster from one client process."""
+    """Runs the cluster's cases from one client process: every spec with
+    every packing on 2 workers; on 3, where the specs' schedules differ
+    again but packing happens inside each worker, each spec with one."""
     num_workers, c = workers
+    every = num_workers == 2
     job = {
         "mode": "cases",
         "cluster": c.cluster_spec.as_dict(),
-        "cases": cases_for(1) + cases_for(2),
+        "cases": cases_for(1, every) + cases_for(2, every),
     }
     lines, stderr = run_client(job, replies=len(job["cases"]))
     return (

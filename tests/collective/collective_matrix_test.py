@@ -8,7 +8,8 @@ CollectiveAllReduce ("flat") and HierarchicalCollectiveAllReduce ("hier")
 under tf_crossdevice.MultiWorkerMirroredStrategy; dense values and
 IndexedSlices (row counts that differ between replicas, so workers pad);
 SUM and MEAN; bytes_per_pack 0, below one tensor and above them all; the
-AUTO, RING and NCCL implementations (NCCL falls back to RING on CPUs);
+AUTO, RING and NCCL implementations (NCCL falls back to RING on CPUs;
+every one with every pack size in the 2-worker cluster, NCCL in the other);
 extended.reduce_to, strategy.reduce, extended.batch_reduce_to,
 replica-context all_reduce, strategy.gather and replica-context all_gather
 (along axes 0 and 1, sizes that differ between replicas); and the two call
@@ -38,8 +39,10 @@ from tf_crossdevice.launch import tf_config_envs
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Seconds for a cluster to start and run every case (a loaded machine).
 CLUSTER_TIMEOUT = 240
-CONFIGS = [(2, 1), (3, 2)]
-CASES = worker.cases()
+# (workers, local devices, implementations). On CPUs every implementation
+# runs RING (NCCL after a warning), so the larger cluster runs NCCL alone,
+# the fallback, and the smaller one every implementation with every pack.
+CONFIGS = [(2, 1, worker.IMPLEMENTATIONS), (3, 2, ("NCCL",))]
 PER_WORKER = {
     "strategy_reduce",
     "strategy_gather",
@@ -53,9 +56,12 @@ pytestmark = pytest.mark.slow
 class Cluster:
     """One config's results: `results[variant][task][case]`."""
 
-    def __init__(self, num_workers: int, local: int) -> None:
+    def __init__(
+        self, num_workers: int, local: int, implementations: tuple[str, ...]
+    ) -> None:
         self.num_workers = num_workers
         self.local = local
+        self.cases = worker.cases(implementations)
         self.results: dict[str, list[dict[str, Any]]] = {}
         self.stderr: list[str] = []
 
@@ -64,8 +70,10 @@ class Cluster:
         return self.num_workers * self.local
 
 
-def launch(num_workers: int, local: int) -> Cluster:
-    cluster = Cluster(num_workers, local)
+def launch(
+    num_workers: int, local: int, implementations: tuple[str, ...]
+) -> Cluster:
+    cluster = Cluster(num_workers, local, implementations)
     children: list[_processes.Child] = []
     try:
         for task, env in enumerate(tf_config_envs(num_workers)):
@@ -73,6 +81,7 @@ def launch(num_workers: int, local: int) -> Cluster:
                 _processes.start_module(
                     "tests.collective_matrix_worker",
                     str(local),
+                    ",".join(implementations),
                     name=f"worker {task} of {num_workers}x{local}",
                     env=env,
                     cwd=ROOT,
@@ -93,7 +102,7 @@ def launch(num_workers: int, local: int) -> Cluster:
 @pytest.fixture(
     scope="module",
     params=CONFIGS,
-    ids=[f"{w}workers-{k}dev" for w, k in CONFIGS],
+    ids=[f"{w}workers-{k}dev" for w, k, _ in CONFIGS],
 )
 def cluster(request) -> Cluster:
     return launch(*request.param)
@@ -169,7 +178,7 @@ def check(cluster: Cluster, variant: str, kinds: set[str]) -> None:
 
     Reports every mismatch (where, then the first few in full).
     """
-    selected = [c for c in CASES if c["kind"] in kinds]
+    selected = [c for c in cluster.cases if c["kind"] in kinds]
     assert selected
     mismatches: list[tuple[str, str]] = []
     for case in selected:

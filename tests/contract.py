@@ -406,16 +406,20 @@ class CrossDeviceOpsContract:
         ops = self.make_ops()
         value_devices = device_names(NUM_DEVICES)
         make_destinations, want_devices = destinations_of(kind, value_devices)
-        # Every dtype once and every axis at least once: the axis decides
-        # where the values meet, the dtype only what they hold.
+        # Three values, each along its own axis (dense) and of its own
+        # dtype: the axis decides where the values meet, the dtype only
+        # what they hold. The dtypes rotate with the case, so that the
+        # pairwise cover gathers every dtype dense and sparse, in every mode
+        # and to every kind of destination.
         axes = [0] if sparse else [0, 1, -1]
+        first = DESTINATION_KINDS.index(kind) + 3 * MODES.index(mode)
         cases = [
             (
-                dtype,
+                DTYPES[(first + seed) % len(DTYPES)],
                 axes[seed % len(axes)],
                 random_replicas(seed, NUM_DEVICES, sparse),
             )
-            for seed, dtype in enumerate(DTYPES)
+            for seed in range(3)
         ]
 
         def build():

@@ -24,6 +24,11 @@ Modes:
               (--job_name=worker) with MultiWorkerAllReduce; without
               --job_name the job starts local worker servers and drives them.
 
+With --link_rate (e.g. 1gbit; as root on Linux), the workers the job starts
+run on emulated hosts, one each: a network namespace on a link shaped to
+that rate and an equal share of the cores (tf_crossdevice.cluster.hosts),
+so the wire, not the shared cores, bounds what crosses between workers.
+
 On real hosts run one command per host with the same --worker_hosts (see
 README.md). Bad flags and bad combinations exit with status 1 and a message
 naming the flag.
@@ -343,14 +348,19 @@ def launch_collective(v: Any) -> int:
         *sys.argv[1:],
         "--job_name=worker",
         f"--model_dir={v.model_dir}",
+        "--link_rate=",  # The workers run on the hosts; they make none.
     ]
     start = time.perf_counter()
-    print(f"starting {v.num_workers} local workers on 127.0.0.1", flush=True)
+    where = f"emulated hosts at {v.link_rate}" if v.link_rate else "127.0.0.1"
+    print(f"starting {v.num_workers} local workers on {where}", flush=True)
     # A preemption notice to the job goes to every worker: they agree on a
     # step, save there and exit 0, and this launcher with them.
     signal.signal(signal.SIGTERM, _forward_to_workers)
     codes = launch.run_local_job(
-        argv, v.num_workers, env={"PYTHONUNBUFFERED": "1"}
+        argv,
+        v.num_workers,
+        env={"PYTHONUNBUFFERED": "1"},
+        link_rate=v.link_rate or None,
     )
     failed = next((c for c in codes if c != 0), 0)
     print(
@@ -375,9 +385,18 @@ def launch_in_graph(v: Any) -> int:
     start = time.perf_counter()
     chosen = train_flags.local_devices_of(v.flag_values_dict())
     cpus = chosen.count if chosen.device_type == "CPU" else 1
-    with cluster_lib.start_local_cluster(
-        v.num_workers, cpus_per_worker=cpus
-    ) as local:
+    # This process, the controller, reaches emulated hosts over their bridge.
+    hosts = (
+        cluster_lib.hosts.EmulatedHosts(v.num_workers, v.link_rate)
+        if v.link_rate
+        else contextlib.nullcontext()
+    )
+    with (
+        hosts as bed,
+        cluster_lib.start_local_cluster(
+            v.num_workers, cpus_per_worker=cpus, hosts=bed
+        ) as local,
+    ):
         print(
             f"started {local.num_workers} local worker servers: "
             f"{json.dumps(local.cluster_spec.as_dict())}",

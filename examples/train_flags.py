@@ -164,6 +164,16 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         lower_bound=1,
         flag_values=fv,
     )
+    d.DEFINE_string(
+        "link_rate",
+        None,
+        "Run each local worker on an emulated host of its own: a network "
+        "namespace on a link of this rate both ways (e.g. 1gbit) and an "
+        "equal share of the cores (root on Linux; "
+        "tf_crossdevice.cluster.hosts). For the workers the job starts "
+        "itself: --mode=collective or in_graph without --job_name.",
+        flag_values=fv,
+    )
     d.DEFINE_integer(
         "devices_per_worker",
         None,
@@ -618,6 +628,19 @@ def check_flags(v: dict[str, Any]) -> None:
                 f"--task_index: {index} is not a task of job {job!r}, which "
                 f"has {tasks} task(s) in {source}"
             )
+    if v["link_rate"]:
+        if mode == "mirrored" or job is not None:
+            raise flags.ValidationError(
+                "--link_rate: emulated hosts are for the workers the job "
+                "starts itself: --mode=collective or in_graph, without "
+                "--job_name"
+            )
+        from tf_crossdevice.cluster import hosts
+
+        try:
+            hosts.parse_rate(v["link_rate"])
+        except ValueError as e:
+            raise flags.ValidationError(f"--{e}") from None
     if job == "controller" and cluster is None:
         raise flags.ValidationError(
             "--job_name: the controller needs the workers: --worker_hosts "
@@ -728,6 +751,7 @@ def _register_validators(fv: flags.FlagValues) -> None:
         "cluster_spec", "num_workers", "devices_per_worker",
         "cross_device_ops", "all_reduce_spec", "compression", "batch_size",
         "steps", "epochs", "log_every", "accumulation_steps", "timing_steps",
+        "link_rate",
     ]  # fmt: skip
 
     def validate(values: dict[str, Any]) -> bool:

@@ -278,6 +278,23 @@ def test_the_defaults_are_the_main_job():
             r"--steps: with --loop=fit, 50 must be a multiple of "
             r"--log_every=20",
         ),
+        (
+            {"link_rate": "fast"},
+            r"--link_rate: expected a positive rate such as '1gbit'.*'fast'",
+        ),
+        (
+            {"link_rate": "1gbit", "mode": "mirrored"},
+            r"--link_rate: emulated hosts are for the workers the job starts",
+        ),
+        (
+            {
+                "link_rate": "1gbit",
+                "job_name": "worker",
+                "worker_hosts": "a:1,b:1",
+                "task_index": 0,
+            },
+            r"--link_rate: emulated hosts are for the workers the job starts",
+        ),
     ],
     ids=lambda x: (
         "-".join(f"{k}={v}" for k, v in x.items())[:60]

@@ -2,8 +2,9 @@
 prints: replicas agree, TensorBoard scalars and checkpoints are written, a
 preempted job (SIGTERM) saves at one step on every worker, exits 0 and
 resumes to the weights of an uninterrupted one, workers stop without
-TensorFlow error lines. Each mode runs once uninterrupted, beside a
-preempted run of the same command, to save start-ups. Every process is
+TensorFlow error lines. Each mode runs once uninterrupted (its workers on
+emulated hosts, --link_rate), beside a preempted run of the same command,
+to save start-ups. Every process is
 stopped when its test ends.
 """
 
@@ -240,6 +241,7 @@ def check_uninterrupted(mode: str, whole: str, model_dir) -> None:
     assert f"replica weights equal: yes ({replicas} replicas)" in whole
     assert f"trained {STEPS} steps in this run, from step 0" in whole
     if mode == "collective":
+        assert "starting 2 local workers on emulated hosts at 10gbit" in whole
         assert "[worker 0] mode=collective: 2 workers x 2 devices, " in whole
         assert "HierarchicalCollectiveAllReduce" in whole
         assert "loop=fit" in whole
@@ -248,6 +250,9 @@ def check_uninterrupted(mode: str, whole: str, model_dir) -> None:
         assert "workers stopped (exit statuses [0, 0])" in whole
         assert not os.path.exists(model_dir / ".scratch" / "task_1")
     if mode == "in_graph":
+        assert re.search(
+            r'local worker servers: \{"worker": \["198\.18\.', whole
+        )
         assert "2 workers x 2 devices, MultiWorkerAllReduce" in whole
         assert "all_reduce_spec='xring#2'" in whole
         assert whole.rstrip().splitlines()[-1].startswith("workers stopped")
@@ -279,11 +284,17 @@ def test_preempted_job_resumes_to_the_weights_of_an_uninterrupted_one(
     ]
     replicas = 2 if mode == "mirrored" else 4
     model_dir = f"--model_dir={tmp_path / 'preempted'}"
+    # The uninterrupted run of the modes with workers runs them on emulated
+    # hosts (--link_rate): the links change no number, so its weights must
+    # still be those of the run preempted and resumed on 127.0.0.1.
+    emulated = [] if mode == "mirrored" else ["--link_rate=10gbit"]
     # Side by side: the uninterrupted run, and one preempted as it starts
     # training (after the chief's line on the model, when every worker
     # watches for the signal).
     with (
-        start(*args, f"--model_dir={tmp_path / 'whole'}") as uninterrupted,
+        start(
+            *args, *emulated, f"--model_dir={tmp_path / 'whole'}"
+        ) as uninterrupted,
         start(*args, model_dir) as job,
     ):
         lines = []

@@ -15,6 +15,11 @@ export TF_CPP_MIN_LOG_LEVEL=2
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[cpu,test,dev,docs]'
+# pip byte-compiles what it installs, but not this checkout (installed
+# editable). Compiled once here, the suite's processes (hundreds: workers,
+# clients, jobs) read the bytecode instead of each compiling the package
+# again where PYTHONDONTWRITEBYTECODE is set.
+.venv/bin/python -m compileall -q -j 0 tf_crossdevice tests examples benchmarks
 
 echo "== ruff format --check"
 .venv/bin/ruff format --check .

@@ -194,16 +194,8 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
             print(f"checkpoint saved at step {step}", flush=True)
 
     def dataset(first: int, stop: int, micro_steps: int = 1) -> Any:
-        return strategy.distribute_datasets_from_function(
-            lambda context: train_data.replica_dataset(
-                data,
-                global_batch,
-                config.seed,
-                first,
-                stop,
-                context,
-                micro_steps,
-            )
+        return _distributed(
+            strategy, data, global_batch, config.seed, first, stop, micro_steps
         )
 
     stopped = None
@@ -279,11 +271,7 @@ def _time_parts(strategy, model, config, data, reporter):
         )
         optimizer.build(copy.trainable_variables)
     calls = config.timing_steps
-    batches = alone.distribute_datasets_from_function(
-        lambda context: train_data.replica_dataset(
-            data, batch, config.seed, 0, calls + 1, context
-        )
-    )
+    batches = _distributed(alone, data, batch, config.seed, 0, calls + 1)
     steps = _custom_loop(
         alone,
         copy,
@@ -300,6 +288,18 @@ def _time_parts(strategy, model, config, data, reporter):
         alone_seconds,
         all_reduce,
         (reporter.step_cores(), alone_cores, all_reduce_cores),
+    )
+
+
+def _distributed(
+    strategy, data, global_batch, seed, start, stop, micro_steps=1
+):
+    """Steps [start, stop) under `strategy`, each input pipeline building
+    only its own replicas' examples (train_data.replica_dataset)."""
+    return strategy.distribute_datasets_from_function(
+        lambda context: train_data.replica_dataset(
+            data, global_batch, seed, start, stop, context, micro_steps
+        )
     )
 
 

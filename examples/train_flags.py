@@ -300,10 +300,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     d.DEFINE_integer(
         "timing_steps",
         0,
-        "If > 0 (--mode=collective, --loop=custom): after training, time "
-        "this many steps on this host alone (a copy of the model on this "
-        "worker's devices and its share of the batch; nothing crosses a "
-        "link) and this many all-reduces alone, and add to the summary the "
+        "If > 0 (--mode=collective with --loop=custom, or "
+        "--mode=in_graph): after training, time this many steps on one "
+        "host alone (a copy of the model on that worker's devices and its "
+        "share of the batch; nothing crosses a link) and this many "
+        "all-reduces alone, and add to the summary the "
         "all-reduce's share of the step, the overlap (step / the longer of "
         "the two), the scaling efficiency (alone / step) and the cores "
         "each kept busy.",
@@ -719,12 +720,12 @@ def check_flags(v: dict[str, Any]) -> None:
             "all-reduces inside a cond in the replica function, which "
             "tf.distribute refuses (merge_call in control flow)"
         )
-    if v["timing_steps"] and (mode != "collective" or loop != "custom"):
+    if v["timing_steps"] and (mode == "mirrored" or loop != "custom"):
         raise flags.ValidationError(
             "--timing_steps: compares the custom loop's step between "
             "workers with the same step on one host alone; it needs "
-            f"--mode=collective and --loop=custom, got --mode={mode} "
-            f"--loop={loop}"
+            "--mode=collective with --loop=custom, or --mode=in_graph, got "
+            f"--mode={mode} --loop={loop}"
         )
     if k > 1 and v["timing_steps"]:
         raise flags.ValidationError(

@@ -605,39 +605,17 @@ def _train_in_graph(replicas, ops, config, data, watcher):
         os.path.join(config.model_dir, "train"),
         verbose=True,
     )
-    loss_fn = _loss_fn()
-    lr = config.learning_rate
 
-    @tf.function
-    def step(images, labels):
-        grads, losses, correct = [], [], []
-        for r, (device, model) in enumerate(
-            zip(replicas.devices, models, strict=True)
-        ):
-            x = images[r * per_replica : (r + 1) * per_replica]
-            y = labels[r * per_replica : (r + 1) * per_replica]
-            with tf.device(device), tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                loss = tf.reduce_mean(loss_fn(y, logits))
-            with tf.device(device):
-                grads.append(tape.gradient(loss, model.trainable_variables))
-                guesses = tf.cast(tf.argmax(logits, axis=1), y.dtype)
-                correct.append(tf.reduce_sum(tf.cast(guesses == y, tf.float32)))
-            losses.append(loss)
+    def average(grads):
         per_variable = [
             replicas.per_replica(lambda r, i=i: grads[r][i])
             for i in range(len(grads[0]))
         ]
-        means = ops.batch_reduce("mean", [(g, None) for g in per_variable])
-        for r, (device, model) in enumerate(
-            zip(replicas.devices, models, strict=True)
-        ):
-            with tf.device(device):
-                for i, variable in enumerate(model.trainable_variables):
-                    velocity = velocities[r][i]
-                    velocity.assign(MOMENTUM * velocity - lr * _at(means[i], r))
-                    variable.assign_add(velocity)
-        return tf.add_n(losses) / len(losses), tf.add_n(correct)
+        return ops.batch_reduce("mean", [(g, None) for g in per_variable])
+
+    step = _in_graph_step(
+        replicas.devices, models, velocities, per_replica, average, config
+    )
 
     # The same global batches as the other loops, split here in the same
     # order among the replicas.
@@ -680,6 +658,20 @@ def _train_in_graph(replicas, ops, config, data, watcher):
 
     eval_accuracy = _eval_accuracy(predict, data)
     reporter.write_eval(config.steps, eval_accuracy)
+    parts = None
+    if config.timing_steps and reporter.steps_trained < 3:
+        print(
+            f"--timing_steps: nothing timed; this run trained "
+            f"{reporter.steps_trained} steps, fewer than the 3 a median "
+            "step needs",
+            flush=True,
+        )
+    elif config.timing_steps:
+        # After the summary's weights were read: the step alone updates
+        # the first host's copies.
+        parts = _time_in_graph_parts(
+            replicas, ops, models, velocities, config, data, reporter
+        )
     return train_report.summary(
         reporter,
         eval_accuracy,
@@ -688,6 +680,83 @@ def _train_in_graph(replicas, ops, config, data, watcher):
         replicas.num_replicas,
         train_report.weights_digest(copies[0]),
         config.model_dir,
+        parts,
+    )
+
+
+def _in_graph_step(devices, models, velocities, per_replica, average, config):
+    """The in-graph step of the replicas on `devices` (one model and one
+    list of momentum velocities each): replica r computes the gradients of
+    its `per_replica` examples of the batch, `average(grads)` (grads[r][i]:
+    replica r's gradient of variable i) returns each variable's mean, read
+    for each replica with `_at`, and each replica applies it."""
+    loss_fn = _loss_fn()
+    lr = config.learning_rate
+
+    @tf.function
+    def step(images, labels):
+        grads, losses, correct = [], [], []
+        for r, (device, model) in enumerate(zip(devices, models, strict=True)):
+            x = images[r * per_replica : (r + 1) * per_replica]
+            y = labels[r * per_replica : (r + 1) * per_replica]
+            with tf.device(device), tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.reduce_mean(loss_fn(y, logits))
+            with tf.device(device):
+                grads.append(tape.gradient(loss, model.trainable_variables))
+                guesses = tf.cast(tf.argmax(logits, axis=1), y.dtype)
+                correct.append(tf.reduce_sum(tf.cast(guesses == y, tf.float32)))
+            losses.append(loss)
+        means = average(grads)
+        for r, (device, model) in enumerate(zip(devices, models, strict=True)):
+            with tf.device(device):
+                for i, variable in enumerate(model.trainable_variables):
+                    velocity = velocities[r][i]
+                    velocity.assign(MOMENTUM * velocity - lr * _at(means[i], r))
+                    variable.assign_add(velocity)
+        return tf.add_n(losses) / len(losses), tf.add_n(correct)
+
+    return step
+
+
+def _time_in_graph_parts(
+    replicas, ops, models, velocities, config, data, reporter
+):
+    """The training's step against the same step on the first host alone
+    (its replicas, their gradients averaged on its first device, as
+    ReductionToOneDevice does) and the all-reduce alone (train_timing).
+
+    The other hosts idle meanwhile; each host's core share is a quota, so
+    their idling lends the first host nothing.
+    """
+    task0 = [r for r, d in enumerate(replicas.devices) if "/task:0/" in d + "/"]
+    per_replica = config.batch_size // replicas.num_replicas
+    k = len(task0)
+
+    def average(grads):
+        with tf.device(replicas.devices[task0[0]]):
+            return [tf.add_n(list(g)) / k for g in zip(*grads, strict=True)]
+
+    alone = _in_graph_step(
+        [replicas.devices[r] for r in task0],
+        [models[r] for r in task0],
+        [velocities[r] for r in task0],
+        per_replica,
+        average,
+        config,
+    )
+    calls = config.timing_steps
+    batches = iter(
+        train_data.dataset(data, per_replica * k, config.seed, 0, calls + 1)
+    )
+    alone_seconds, _ = train_timing.median_seconds(
+        lambda: replicas.run(alone, *next(batches)), calls
+    )
+    all_reduce_seconds, _ = train_timing.batch_reduce_seconds(
+        replicas, ops, [m.trainable_variables for m in models], calls
+    )
+    return train_timing.Parts(
+        reporter.median_step_seconds(), alone_seconds, all_reduce_seconds
     )
 
 

@@ -17,13 +17,17 @@ own core share while the others do, as in training):
   trainable weights. A compressor's state moves on with it; the job has
   saved its last checkpoint already.
 
+In-graph, the controller times the step of the first host's replicas
+alone (their gradients averaged on its first device) while the other
+hosts idle, which lends it nothing, each host's core share being a quota;
+and the in-graph step's `batch_reduce` alone, on the weights' values.
+
 Each is the median of `--timing_steps` calls after one untimed call that
 traces it; the training's step is the median of its own steps. Besides
-its all-reduce, the training's step also runs small collectives that
-neither reference does (the distributed iterator's check that every worker
-has data, the preemption watcher's agreement, the loss's and the correct
-count's reductions), and every worker builds the examples of the whole
-global batch before it keeps its share. The chief prints. From them:
+its all-reduce, the training's step under a strategy also runs small
+collectives that neither reference does (the distributed iterator's check
+that every worker has data, the preemption watcher's agreement, the loss's
+and the correct count's reductions). The chief prints. From them:
 the all-reduce's share of the step, the overlap (the step against the
 longer of the two, as if the shorter were hidden behind it) and the scaling
 efficiency (the step alone over the step: these hosts' examples/s over as
@@ -137,3 +141,27 @@ def all_reduce_seconds(
         )
 
     return median_seconds(all_reduce, calls)
+
+
+def batch_reduce_seconds(
+    replicas: Any,
+    ops: tf.distribute.CrossDeviceOps,
+    variables: list[list[Any]],
+    calls: int,
+) -> tuple[float, float]:
+    """`median_seconds` of the in-graph step's all-reduce on values of the
+    gradients' shapes: `ops.batch_reduce` of each variable's values, replica
+    r's read from `variables[r]` on its device, run by `replicas` (a
+    `tf_crossdevice.cluster.WorkerReplicas`)."""
+
+    @tf.function
+    def all_reduce():
+        per_variable = [
+            replicas.per_replica(lambda r, i=i: tf.identity(variables[r][i]))
+            for i in range(len(variables[0]))
+        ]
+        means = ops.batch_reduce("mean", [(v, None) for v in per_variable])
+        values = [getattr(m, "values", (m,)) for m in means]
+        return measure.sink([t for v in values for t in v])
+
+    return median_seconds(lambda: replicas.run(all_reduce), calls)

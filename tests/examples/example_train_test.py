@@ -234,12 +234,12 @@ def test_the_defaults_are_the_main_job():
             {"timing_steps": 5},
             r"--timing_steps: compares the custom loop's step between "
             r"workers with the same step on one host alone; it needs "
-            r"--mode=collective and --loop=custom, got --mode=collective "
-            r"--loop=fit",
+            r"--mode=collective with --loop=custom, or --mode=in_graph, got "
+            r"--mode=collective --loop=fit",
         ),
         (
-            {"mode": "in_graph", "timing_steps": 5},
-            r"--timing_steps: .* got --mode=in_graph --loop=custom",
+            {"mode": "mirrored", "loop": "custom", "timing_steps": 5},
+            r"--timing_steps: .* got --mode=mirrored --loop=custom",
         ),
         (
             {"loop": "custom", "accumulation_steps": 2, "timing_steps": 5},

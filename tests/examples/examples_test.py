@@ -255,6 +255,7 @@ def check_uninterrupted(mode: str, whole: str, model_dir) -> None:
         )
         assert "2 workers x 2 devices, MultiWorkerAllReduce" in whole
         assert "all_reduce_spec='xring#2'" in whole
+        check_parts(whole)
         assert whole.rstrip().splitlines()[-1].startswith("workers stopped")
     check_model_dir(str(model_dir), STEPS)
 
@@ -288,6 +289,9 @@ def test_preempted_job_resumes_to_the_weights_of_an_uninterrupted_one(
     # hosts (--link_rate): the links change no number, so its weights must
     # still be those of the run preempted and resumed on 127.0.0.1.
     emulated = [] if mode == "mirrored" else ["--link_rate=10gbit"]
+    # In-graph, it also times its step's parts (after its weights were
+    # read): the first host's copies take the step alone.
+    emulated += ["--timing_steps=2"] if mode == "in_graph" else []
     # Side by side: the uninterrupted run, and one preempted as it starts
     # training (after the chief's line on the model, when every worker
     # watches for the signal).

@@ -73,6 +73,13 @@ def define_flags() -> None:
         "link_rate", "1gbit", "Emulated hosts' link rate, each way ('tc')."
     )
     flags.DEFINE_list(
+        "training_hosts",
+        [],
+        "Host counts: run the example job on that many emulated hosts, "
+        "TensorFlow's strategy against ours (benchmarks.training; needs "
+        "root).",
+    )
+    flags.DEFINE_list(
         "local_devices",
         ["1", "2"],
         "Logical CPU devices per worker process (multi-worker groups).",
@@ -120,7 +127,7 @@ def define_flags() -> None:
         "Budget of tf_crossdevice.autotune in each single-process group.",
         lower_bound=0.001,
     )
-    for name in ("devices", "workers", "emulated_hosts"):
+    for name in ("devices", "workers", "emulated_hosts", "training_hosts"):
         flags.register_validator(
             name,
             lambda values: all(v.isdigit() and int(v) >= 2 for v in values),
@@ -204,7 +211,8 @@ def main(argv: list[str]) -> int:
     workers = [int(v) for v in FLAGS.workers]
     local_devices = [int(v) for v in FLAGS.local_devices]
     emulated = [int(v) for v in FLAGS.emulated_hosts]
-    if emulated:
+    training_hosts = [int(v) for v in FLAGS.training_hosts]
+    if emulated or training_hosts:
         from tf_crossdevice.cluster import hosts as hosts_lib
 
         try:
@@ -221,7 +229,7 @@ def main(argv: list[str]) -> int:
 
     from benchmarks import candidates as candidates_lib
     from benchmarks import groups as groups_lib
-    from benchmarks import records, report, targets
+    from benchmarks import records, report, targets, training
 
     started = time.time()
     meta: dict[str, Any] = {
@@ -275,7 +283,8 @@ def main(argv: list[str]) -> int:
 
     with tqdm.tqdm(
         total=len(plan)
-        + (len(workers) + len(emulated)) * len(across) * len(local_devices),
+        + (len(workers) + len(emulated)) * len(across) * len(local_devices)
+        + len(training_hosts) * len(training.JOBS),
         file=sys.stderr,
         disable=not FLAGS.progress,
         unit="group",
@@ -313,11 +322,25 @@ def main(argv: list[str]) -> int:
             )
             bar.update(len(across) * len(local_devices))
             save_partial()
+        jobs: list[records.Job] = []
+        for p in training_hosts:
+            for name in training.JOBS:
+                describe(f"example job: {name} on {p} emulated hosts")
+                jobs.append(
+                    training.run_job(
+                        name, p, FLAGS.link_rate, FLAGS.timeout_seconds
+                    )
+                )
+                bar.update(1)
 
     meta["seconds"] = time.time() - started
     meta["load_average_end"] = os.getloadavg()[0]
     run = records.Run(
-        meta, candidates_lib.SKIPPED, groups, targets.evaluate(groups)
+        meta,
+        candidates_lib.SKIPPED,
+        groups,
+        targets.evaluate(groups) + targets.training_targets(jobs),
+        jobs,
     )
     table = report.write_all(output, run, FLAGS.sweep_table == "all")
     print(f"{table}\n# finished in {meta['seconds']:.0f} s", flush=True)
@@ -325,7 +348,11 @@ def main(argv: list[str]) -> int:
         f"# wrote {output}/results.txt, results.md, results.json and "
         "time_vs_size.png"
     )
-    failed = _failures(groups)
+    failed = _failures(groups) + [
+        f"example job {j.name} on {j.hosts} hosts: {j.error}"
+        for j in jobs
+        if j.error
+    ]
     if failed:
         print(
             f"{len(failed)} failure(s):", *failed, sep="\n  ", file=sys.stderr

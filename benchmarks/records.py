@@ -194,6 +194,38 @@ class Target:
 
 
 @dataclasses.dataclass
+class Job:
+    """One run of the example job on emulated hosts (benchmarks.training),
+    as its chief's summary reported it (None: not reported)."""
+
+    name: str
+    hosts: int
+    link_rate: str
+    command: str
+    examples_per_second: float | None = None
+    accuracy: float | None = None  # Held-out.
+    # The training's median step, the same step on one host alone, the
+    # all-reduce alone (--timing_steps).
+    step_seconds: float | None = None
+    alone_seconds: float | None = None
+    all_reduce_seconds: float | None = None
+    error: str = ""
+
+    @property
+    def overlap(self) -> float | None:
+        """step / max(alone, all-reduce): 1.0 when the shorter is hidden."""
+        if not (self.step_seconds and self.alone_seconds):
+            return None
+        longer = max(self.alone_seconds, self.all_reduce_seconds or 0.0)
+        return self.step_seconds / longer
+
+    @property
+    def scaling_efficiency(self) -> float | None:
+        """alone / step: these hosts' examples/s over as many lone hosts'."""
+        return ratio(self.alone_seconds, self.step_seconds)
+
+
+@dataclasses.dataclass
 class Run:
     """Everything a run wrote to results.json."""
 
@@ -201,6 +233,7 @@ class Run:
     skipped: dict[str, str]
     groups: list[Group]
     targets: list[Target]
+    training: list[Job] = dataclasses.field(default_factory=list)
 
     def write(self, path: pathlib.Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
@@ -213,7 +246,8 @@ class Run:
         skipped = data["skipped"]
         if isinstance(skipped, list):  # the first format: name and reason
             skipped = {s["name"]: s["reason"] for s in skipped}
-        return cls(data["meta"], skipped, groups, targets)
+        training = [Job(**j) for j in data.get("training", [])]
+        return cls(data["meta"], skipped, groups, targets, training)
 
 
 def _upgraded_result(d: dict[str, Any]) -> dict[str, Any]:

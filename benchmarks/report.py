@@ -28,7 +28,7 @@ from typing import Any
 
 from benchmarks import roofline as roofline_lib
 from benchmarks import targets as targets_lib
-from benchmarks.records import Group, Result, Run, ratio
+from benchmarks.records import Group, Job, Result, Run, ratio
 
 _ORDER = {"roofline": 0, "bound": 1, "tf": 2, "ours": 3}
 _HEADER = (
@@ -213,8 +213,39 @@ def full_table(run: Run, sweep_all: bool = False) -> str:
         else:
             lines += [group_table(g), ""]
     lines += [sweep_table(s, sweep_all) + "\n" for s in sweeps.values()]
+    if run.training:
+        lines += [
+            "# The example job on emulated hosts",
+            *training_table(run.training),
+            "",
+        ]
     lines += ["# Targets"] + [f"# {targets_lib.line(t)}" for t in run.targets]
     return "\n".join(lines)
+
+
+def training_table(jobs: Sequence[Job]) -> list[str]:
+    """The example job's runs (benchmarks.training), as Markdown rows."""
+    lines = [
+        "| hosts | job | examples/s | held-out accuracy | step / alone / "
+        "all-reduce alone (ms) | overlap | scaling efficiency |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for j in jobs:
+        head = f"| {j.hosts} at {j.link_rate} | {j.name} |"
+        if j.error:
+            lines.append(f"{head} {j.error} | | | | |")
+            continue
+        times = " / ".join(
+            f"{t * 1e3:.1f}" if t is not None else "-"
+            for t in (j.step_seconds, j.alone_seconds, j.all_reduce_seconds)
+        )
+        lines.append(
+            f"{head} {j.examples_per_second or 0:.1f} | "
+            f"{j.accuracy or 0:.3f} | {times} | "
+            f"{format_ratio(j.overlap)} | "
+            f"{format_ratio(j.scaling_efficiency)} |"
+        )
+    return lines
 
 
 def markdown_summary(run: Run) -> str:
@@ -252,6 +283,9 @@ def markdown_summary(run: Run) -> str:
             f"{format_ms(ours)} ms | {format_ratio(ratio(tf_best, ours))} | "
             f"{format_ratio(ratio(roof, ours))} |"
         )
+    if run.training:
+        lines += ["", "The example job on emulated hosts:", ""]
+        lines += training_table(run.training)
     if run.targets:
         lines += ["", "Targets:", ""]
         lines += [f"- {targets_lib.line(t)}" for t in run.targets]

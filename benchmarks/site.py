@@ -26,8 +26,13 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from benchmarks import records
-from benchmarks.report import format_ms, format_ratio, format_size
+from benchmarks import records, targets
+from benchmarks.report import (
+    format_ms,
+    format_ratio,
+    format_size,
+    training_table,
+)
 
 RECORDS_DIR = pathlib.Path(__file__).resolve().parents[1] / "docs/benchmark"
 PAGE_NAME = "index.md"
@@ -157,7 +162,13 @@ def record_section(name: str, run: records.Run) -> str:
     lines.append(f"- record: `docs/benchmark/{name}.json`")
     if meta.get("command"):
         lines += ["", "```sh", str(meta["command"]), "```"]
-    lines += ["", summary_table(run.groups), ""]
+    lines.append("")
+    if run.groups:
+        lines += [summary_table(run.groups), ""]
+    if run.training:
+        lines += ["The example job on emulated hosts:", ""]
+        lines += [*training_table(run.training), ""]
+        lines += [f"- {targets.line(t)}" for t in run.targets] + [""]
     if run.skipped:
         lines += ["Left out of this run:", ""]
         lines += [f"- {k}: {v}" for k, v in sorted(run.skipped.items())]

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from benchmarks import roofline, sessions, workloads
-from benchmarks.records import Group, Result, Target, ratio
+from benchmarks.records import Group, Job, Result, Target, ratio
 
 # (workload, setting) -> [(what ours is compared with, threshold)];
 # "roofline" is a fraction of the roofline, anything else is a reference
@@ -520,3 +520,93 @@ def _chosen_candidate(g: Group, entry: Result | None) -> str | None:
 # devices, every algorithm x packing (`python -m benchmarks.build_time`),
 # under this many seconds.
 BUILD_SECONDS = {"resnet50": 10.0, "many_small": 30.0}
+
+
+# The example job on emulated hosts (benchmarks.training): ours (the faster
+# of our jobs) in examples/s over TensorFlow's MultiWorkerMirroredStrategy
+# at each host count, with the same held-out accuracy within a point; at the
+# largest count, our step against the same step on one host alone (scaling
+# efficiency, alone / step) and against the longer of that and the
+# all-reduce alone (overlap, step / max <= 1.15, scored as its inverse).
+TRAINING_VS_TF = 1.3
+TRAINING_ACCURACY_WITHIN = 0.01
+TRAINING_SCALING = 0.9
+TRAINING_OVERLAP = 1.15
+
+
+def training_targets(jobs: Sequence[Job]) -> list[Target]:
+    """The targets of the example job's runs, one host count at a time."""
+    out = []
+    counts = sorted({j.hosts for j in jobs})
+    for p in counts:
+        here = [j for j in jobs if j.hosts == p and not j.error]
+        tf_job = next((j for j in here if j.name.startswith("TF ")), None)
+        ours = max(
+            (j for j in here if j.name.startswith("ours ")),
+            key=lambda j: j.examples_per_second or 0.0,
+            default=None,
+        )
+        where = f"example job, {p} emulated hosts at {jobs[0].link_rate}"
+        if ours is None:
+            continue
+        if tf_job is not None and p > 1:
+            measured = ratio(
+                ours.examples_per_second, tf_job.examples_per_second
+            )
+            gap = abs((ours.accuracy or 0.0) - (tf_job.accuracy or 0.0))
+            same = gap <= TRAINING_ACCURACY_WITHIN + 1e-9
+            out.append(
+                Target(
+                    f"{where}: {ours.name} examples/s / {tf_job.name}'s",
+                    measured,
+                    TRAINING_VS_TF,
+                    measured is not None
+                    and measured >= TRAINING_VS_TF
+                    and same,
+                    False,
+                    f"{ours.examples_per_second:.1f} against "
+                    f"{tf_job.examples_per_second:.1f} examples/s; held-out "
+                    f"accuracy {ours.accuracy:.3f} against "
+                    f"{tf_job.accuracy:.3f}"
+                    + (
+                        ""
+                        if same
+                        else f", more than {TRAINING_ACCURACY_WITHIN} apart"
+                    ),
+                )
+            )
+        if p != counts[-1] or p == 1:
+            continue
+        scaling = ours.scaling_efficiency
+        out.append(
+            Target(
+                f"{where}: {ours.name} scaling efficiency (alone / step)",
+                scaling,
+                TRAINING_SCALING,
+                scaling is not None and scaling >= TRAINING_SCALING,
+                False,
+                _parts_note(ours),
+            )
+        )
+        overlap = ours.overlap
+        inverse = 1 / overlap if overlap else None
+        out.append(
+            Target(
+                f"{where}: {ours.name} max(alone, all-reduce) / step "
+                f"(overlap <= {TRAINING_OVERLAP:g})",
+                inverse,
+                round(1 / TRAINING_OVERLAP, 3),
+                overlap is not None and overlap <= TRAINING_OVERLAP,
+                False,
+                _parts_note(ours),
+            )
+        )
+    return out
+
+
+def _parts_note(job: Job) -> str:
+    return (
+        f"step {_ms(job.step_seconds)}, this host alone "
+        f"{_ms(job.alone_seconds)}, all-reduce alone "
+        f"{_ms(job.all_reduce_seconds)}"
+    )

@@ -127,7 +127,12 @@ def define_flags() -> None:
         "Budget of tf_crossdevice.autotune in each single-process group.",
         lower_bound=0.001,
     )
-    for name in ("devices", "workers", "emulated_hosts", "training_hosts"):
+    flags.register_validator(
+        "training_hosts",
+        lambda values: all(v.isdigit() and int(v) >= 1 for v in values),
+        "--training_hosts: expected whole numbers of at least 1",
+    )
+    for name in ("devices", "workers", "emulated_hosts"):
         flags.register_validator(
             name,
             lambda values: all(v.isdigit() and int(v) >= 2 for v in values),
@@ -284,7 +289,7 @@ def main(argv: list[str]) -> int:
     with tqdm.tqdm(
         total=len(plan)
         + (len(workers) + len(emulated)) * len(across) * len(local_devices)
-        + len(training_hosts) * len(training.JOBS),
+        + sum(len(training.jobs_for(p)) for p in training_hosts),
         file=sys.stderr,
         disable=not FLAGS.progress,
         unit="group",
@@ -324,7 +329,7 @@ def main(argv: list[str]) -> int:
             save_partial()
         jobs: list[records.Job] = []
         for p in training_hosts:
-            for name in training.JOBS:
+            for name in training.jobs_for(p):
                 describe(f"example job: {name} on {p} emulated hosts")
                 jobs.append(
                     training.run_job(

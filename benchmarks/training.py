@@ -8,11 +8,13 @@ this run:
 
 - TensorFlow's `MultiWorkerMirroredStrategy` (the job's baseline mode);
 - our `CollectiveAllReduce` under our `MultiWorkerMirroredStrategy`, with
-  the same packing (one pack per 4 MiB) and the same custom loop;
+  the same packing (one pack per 4 MiB) and the same custom loop, and our
+  `HierarchicalCollectiveAllReduce` with 2 logical devices per host;
 - our in-graph `MultiWorkerAllReduce`, run by one controller on the hosts'
   bridge, with the spec `pscpu#p` (p hosts: one shard of each pack summed
   on each host);
-- both of ours again with bfloat16 on the wire.
+- our flat collective and in-graph jobs again with bfloat16 on the wire
+  (not on one host, where nothing crosses a link).
 
 Each trains the same model (a dense network whose gradients take about as
 long to all-reduce across hosts as a step takes to compute them) on the
@@ -46,13 +48,34 @@ MODEL_FLAGS = (
 PER_HOST_BATCH = 64
 TF = "TF MWMS"
 COLLECTIVE = "ours CollectiveAllReduce"
+HIERARCHICAL = "ours HierarchicalCollectiveAllReduce, 2 devices per host"
 IN_GRAPH = "ours in-graph MultiWorkerAllReduce pscpu, a shard per host"
 BF16 = " compression=bf16"
-JOBS = (TF, COLLECTIVE, COLLECTIVE + BF16, IN_GRAPH, IN_GRAPH + BF16)
+JOBS = (
+    TF,
+    COLLECTIVE,
+    COLLECTIVE + BF16,
+    HIERARCHICAL,
+    IN_GRAPH,
+    IN_GRAPH + BF16,
+)
 _STRATEGY_FLAGS = {
-    TF: "--cross_device_ops=TensorFlow",
-    COLLECTIVE: "--cross_device_ops=CollectiveAllReduce",
+    TF: ["--cross_device_ops=TensorFlow", "--devices_per_worker=1"],
+    COLLECTIVE: [
+        "--cross_device_ops=CollectiveAllReduce",
+        "--devices_per_worker=1",
+    ],
+    HIERARCHICAL: [
+        "--cross_device_ops=HierarchicalCollectiveAllReduce",
+        "--devices_per_worker=2",
+    ],
 }
+
+
+def jobs_for(hosts: int) -> tuple[str, ...]:
+    """The jobs run on `hosts` hosts: on one, nothing crosses a link and
+    the compressed jobs are left out."""
+    return JOBS if hosts > 1 else tuple(j for j in JOBS if BF16 not in j)
 
 
 def command(
@@ -66,7 +89,6 @@ def command(
         sys.executable,
         str(TRAIN),
         *model_flags,
-        "--devices_per_worker=1",
         f"--batch_size={PER_HOST_BATCH * hosts}",
     ]
     if name not in JOBS:
@@ -82,6 +104,7 @@ def command(
         return [
             *train,
             "--mode=in_graph",
+            "--devices_per_worker=1",
             f"--all_reduce_spec=pscpu#{hosts}",
             f"--num_workers={hosts}",
             f"--link_rate={link_rate}",
@@ -98,7 +121,7 @@ def command(
         "--job_name=worker",
         "--loop=custom",
         "--bytes_per_pack=4194304",
-        _STRATEGY_FLAGS[base],
+        *_STRATEGY_FLAGS[base],
     ]
 
 
@@ -164,9 +187,9 @@ def run_all(
     timeout_seconds: float,
     model_flags: Sequence[str] = MODEL_FLAGS,
 ) -> list[Job]:
-    """Every job of JOBS on each host count, one after another."""
+    """Every job of `jobs_for` each host count, one after another."""
     return [
         run_job(name, p, link_rate, timeout_seconds, model_flags)
         for p in hosts
-        for name in JOBS
+        for name in jobs_for(p)
     ]

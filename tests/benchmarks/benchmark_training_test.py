@@ -60,8 +60,9 @@ def test_commands_run_the_job_on_emulated_hosts():
         if "cross_device_ops" not in a
     ]
     in_graph = training.command(training.IN_GRAPH, 4, "10gbit")
-    assert in_graph[-4:] == [
+    assert in_graph[-5:] == [
         "--mode=in_graph",
+        "--devices_per_worker=1",
         "--all_reduce_spec=pscpu#4",  # One shard per host.
         "--num_workers=4",
         "--link_rate=10gbit",
@@ -72,6 +73,20 @@ def test_commands_run_the_job_on_emulated_hosts():
         assert [a for a in bf16 if a != "--compression=bf16"] == (
             training.command(name, 4, "10gbit")
         )
+    hierarchical = training.command(training.HIERARCHICAL, 2, "1gbit")
+    assert hierarchical[-2:] == [
+        "--cross_device_ops=HierarchicalCollectiveAllReduce",
+        "--devices_per_worker=2",
+    ]
+    assert "--devices_per_worker=1" not in hierarchical
+    # On one host nothing crosses a link: no compressed jobs.
+    assert training.jobs_for(1) == (
+        training.TF,
+        training.COLLECTIVE,
+        training.HIERARCHICAL,
+        training.IN_GRAPH,
+    )
+    assert len(training.jobs_for(2)) == 6
     with pytest.raises(ValueError, match=r"name: expected one of TF MWMS, "):
         training.command("ours Ring", 2, "1gbit")
 

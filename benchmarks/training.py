@@ -179,17 +179,3 @@ def run_job(
         error = "its summary has no examples/s or step parts"
     job.error = error
     return job
-
-
-def run_all(
-    hosts: Sequence[int],
-    link_rate: str,
-    timeout_seconds: float,
-    model_flags: Sequence[str] = MODEL_FLAGS,
-) -> list[Job]:
-    """Every job of `jobs_for` each host count, one after another."""
-    return [
-        run_job(name, p, link_rate, timeout_seconds, model_flags)
-        for p in hosts
-        for name in jobs_for(p)
-    ]

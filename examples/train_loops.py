@@ -228,15 +228,7 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     parts = None
     # The same answers on every worker, so that none waits alone in the
     # timed all-reduces.
-    if config.timing_steps and reporter.steps_trained < 3:
-        if is_chief:
-            print(
-                f"--timing_steps: nothing timed; this run trained "
-                f"{reporter.steps_trained} steps, fewer than the 3 a median "
-                "step needs",
-                flush=True,
-            )
-    elif config.timing_steps and not watcher.should_stop():
+    if _can_time(config, reporter, is_chief) and not watcher.should_stop():
         parts = _time_parts(strategy, model, config, data, reporter)
     if not is_chief:
         _remove_scratch(save_dir)
@@ -250,6 +242,23 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         config.model_dir,
         parts,
     )
+
+
+def _can_time(config, reporter, verbose: bool) -> bool:
+    """Whether --timing_steps asks for timing and the run trained the 3
+    steps a median step needs; says so (if `verbose`) when it did not."""
+    if not config.timing_steps:
+        return False
+    if reporter.steps_trained >= 3:
+        return True
+    if verbose:
+        print(
+            f"--timing_steps: nothing timed; this run trained "
+            f"{reporter.steps_trained} steps, fewer than the 3 a median "
+            "step needs",
+            flush=True,
+        )
+    return False
 
 
 def _time_parts(strategy, model, config, data, reporter):
@@ -659,18 +668,11 @@ def _train_in_graph(replicas, ops, config, data, watcher):
     eval_accuracy = _eval_accuracy(predict, data)
     reporter.write_eval(config.steps, eval_accuracy)
     parts = None
-    if config.timing_steps and reporter.steps_trained < 3:
-        print(
-            f"--timing_steps: nothing timed; this run trained "
-            f"{reporter.steps_trained} steps, fewer than the 3 a median "
-            "step needs",
-            flush=True,
-        )
-    elif config.timing_steps:
+    if _can_time(config, reporter, verbose=True):
         # After the summary's weights were read: the step alone updates
         # the first host's copies.
         parts = _time_in_graph_parts(
-            replicas, ops, models, velocities, config, data, reporter
+            replicas, average, models, velocities, config, data, reporter
         )
     return train_report.summary(
         reporter,
@@ -720,20 +722,25 @@ def _in_graph_step(devices, models, velocities, per_replica, average, config):
 
 
 def _time_in_graph_parts(
-    replicas, ops, models, velocities, config, data, reporter
+    replicas, average, models, velocities, config, data, reporter
 ):
     """The training's step against the same step on the first host alone
     (its replicas, their gradients averaged on its first device, as
-    ReductionToOneDevice does) and the all-reduce alone (train_timing).
+    ReductionToOneDevice does) and the step's `average` alone
+    (train_timing).
 
     The other hosts idle meanwhile; each host's core share is a quota, so
     their idling lends the first host nothing.
     """
-    task0 = [r for r, d in enumerate(replicas.devices) if "/task:0/" in d + "/"]
+    task0 = [
+        r
+        for r, d in enumerate(replicas.devices)
+        if tf.DeviceSpec.from_string(d).task == 0
+    ]
     per_replica = config.batch_size // replicas.num_replicas
     k = len(task0)
 
-    def average(grads):
+    def average_here(grads):
         with tf.device(replicas.devices[task0[0]]):
             return [tf.add_n(list(g)) / k for g in zip(*grads, strict=True)]
 
@@ -742,7 +749,7 @@ def _time_in_graph_parts(
         [models[r] for r in task0],
         [velocities[r] for r in task0],
         per_replica,
-        average,
+        average_here,
         config,
     )
     calls = config.timing_steps
@@ -752,8 +759,8 @@ def _time_in_graph_parts(
     alone_seconds, _ = train_timing.median_seconds(
         lambda: replicas.run(alone, *next(batches)), calls
     )
-    all_reduce_seconds, _ = train_timing.batch_reduce_seconds(
-        replicas, ops, [m.trainable_variables for m in models], calls
+    all_reduce_seconds, _ = train_timing.average_seconds(
+        replicas, average, [m.trainable_variables for m in models], calls
     )
     return train_timing.Parts(
         reporter.median_step_seconds(), alone_seconds, all_reduce_seconds

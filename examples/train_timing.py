@@ -143,25 +143,26 @@ def all_reduce_seconds(
     return median_seconds(all_reduce, calls)
 
 
-def batch_reduce_seconds(
+def average_seconds(
     replicas: Any,
-    ops: tf.distribute.CrossDeviceOps,
+    average: Callable[[list[list[Any]]], list[Any]],
     variables: list[list[Any]],
     calls: int,
 ) -> tuple[float, float]:
-    """`median_seconds` of the in-graph step's all-reduce on values of the
-    gradients' shapes: `ops.batch_reduce` of each variable's values, replica
-    r's read from `variables[r]` on its device, run by `replicas` (a
-    `tf_crossdevice.cluster.WorkerReplicas`)."""
+    """`median_seconds` of the in-graph step's all-reduce, `average`, on
+    values of the gradients' shapes: replica r's values of `variables[r]`,
+    run by `replicas` (a `tf_crossdevice.cluster.WorkerReplicas`)."""
 
     @tf.function
     def all_reduce():
-        per_variable = [
-            replicas.per_replica(lambda r, i=i: tf.identity(variables[r][i]))
-            for i in range(len(variables[0]))
-        ]
-        means = ops.batch_reduce("mean", [(v, None) for v in per_variable])
-        values = [getattr(m, "values", (m,)) for m in means]
-        return measure.sink([t for v in values for t in v])
+        values = []
+        for device, replica_variables in zip(
+            replicas.devices, variables, strict=True
+        ):
+            with tf.device(device):
+                values.append([tf.identity(v) for v in replica_variables])
+        means = average(values)
+        results = [getattr(m, "values", (m,)) for m in means]
+        return measure.sink([t for r in results for t in r])
 
     return median_seconds(lambda: replicas.run(all_reduce), calls)

@@ -29,6 +29,8 @@ import numpy as np
 import tensorflow as tf
 
 _COARSE = 4  # Side of the random grid that is scaled up to the image.
+# The most memory a job's table of examples may take (see _examples).
+_TABLE_BYTES = 1 << 30
 _EVAL_EXAMPLES = 1024
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
@@ -259,18 +261,43 @@ def replica_dataset(
 
 
 def _examples(data: Data, rows: np.ndarray) -> tf.data.Dataset:
-    """Batches of (images, labels), one per row of example indices."""
+    """Batches of (images, labels), one per row of example indices.
+
+    Each example the rows name is made once, before the first batch, and
+    the batches gather from that table: drawing and labelling a synthetic
+    image costs a sizeable part of what training on it does, which a
+    host would otherwise pay again every epoch, in every step, out of the
+    cores its training and its all-reduce need. Where the table would
+    outgrow _TABLE_BYTES, each batch makes its examples as it goes.
+    """
+    used, where = np.unique(rows, return_inverse=True)
+    example_bytes = 4 * 3 * data.image_size**2
+    if used.size * example_bytes > _TABLE_BYTES:
+        return _made_per_batch(data, rows)
+    make = tf.function(lambda indices: _each(data, indices))
+    images, labels = make(tf.constant(used, tf.int64))
+    return (
+        tf.data.Dataset.from_tensor_slices(where.reshape(rows.shape))
+        .map(lambda i: (tf.gather(images, i), tf.gather(labels, i)))
+        .prefetch(2)
+    )
+
+
+def _made_per_batch(data: Data, rows: np.ndarray) -> tf.data.Dataset:
     return (
         tf.data.Dataset.from_tensor_slices(rows)
-        .map(
-            lambda idx: tf.map_fn(
-                data.example,
-                idx,
-                fn_output_signature=(
-                    tf.TensorSpec([data.image_size, data.image_size, 3]),
-                    tf.TensorSpec([], tf.int32),
-                ),
-            )
-        )
+        .map(lambda indices: _each(data, indices))
         .prefetch(2)
+    )
+
+
+def _each(data: Data, indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Examples `indices`, each made by `data.example` on its own."""
+    return tf.map_fn(
+        data.example,
+        indices,
+        fn_output_signature=(
+            tf.TensorSpec([data.image_size, data.image_size, 3]),
+            tf.TensorSpec([], tf.int32),
+        ),
     )

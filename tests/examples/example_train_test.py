@@ -597,6 +597,37 @@ def test_each_worker_builds_only_its_replicas_examples(micro_steps):
         assert labels == [e.tolist() for e in expected]
 
 
+@pytest.mark.parametrize("table", [True, False])
+def test_each_example_is_made_once_while_the_table_fits(table, monkeypatch):
+    # 3 steps of 8 from 12 examples: 24 rows name each example twice. The
+    # image holds its index and a count of the examples made before it.
+    made = tf.Variable(0)
+
+    def example(index):
+        count = made.assign_add(1)
+        image = tf.stack(
+            [tf.cast(index, tf.float32), tf.cast(count, tf.float32), 0.0]
+        )
+        return tf.reshape(image, [1, 1, 3]), tf.cast(index, tf.int32)
+
+    if not table:  # A 12-byte example no longer fits.
+        monkeypatch.setattr(train_data, "_TABLE_BYTES", 11 * 12)
+    data = train_data.Data(1, 2, 12, example, None, None, "")
+    rows = train_data.batch_indices(12, 8, seed=1, start=0, stop=3)
+    batches = list(train_data.dataset(data, 8, 1, 0, 3))
+    for (x, y), want in zip(batches, rows, strict=True):
+        np.testing.assert_array_equal(y.numpy(), want)
+        np.testing.assert_array_equal(x.numpy()[:, 0, 0, 0], want)
+    assert int(made.numpy()) == (12 if table else 24)
+    counts = np.concatenate([x.numpy()[:, 0, 0, 1] for x, _ in batches])
+    # From the table, an example's second use is the same image; made per
+    # batch, it is made again (a later count).
+    first, second = {}, {}
+    for index, count in zip(rows.ravel(), counts, strict=True):
+        (second if index in first else first)[index] = count
+    assert (first == second) == table, (first, second)
+
+
 def test_synthetic_labels_come_from_the_teacher_and_use_every_class():
     data = train_data.synthetic(8, 4, num_train=64, seed=0)
     counts = np.bincount(data.eval_labels, minlength=4)

@@ -45,6 +45,8 @@ uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import gc
 import json
 import os
@@ -52,6 +54,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -275,7 +278,13 @@ def run_collective_worker(v: Any) -> int:
     return 0
 
 
-def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
+def run_in_graph_controller(
+    v: Any,
+    cluster: dict[str, list[str]],
+    cpu_seconds: Callable[[], float] | None = None,
+) -> int:
+    """Drives the workers of `cluster`; `cpu_seconds`, where given, is the
+    first worker's CPU clock (--timing_steps then says how busy it was)."""
     import tensorflow as tf
     import train_loops
 
@@ -308,9 +317,10 @@ def run_in_graph_controller(v: Any, cluster: dict[str, list[str]]) -> int:
     with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
         data = load_data(v)
     print(f"data: {data.description}", flush=True)
-    summary = train_loops.train_in_graph(
-        replicas, ops, loop_config(v, data), data
-    )
+    config = loop_config(v, data)
+    if cpu_seconds is not None:
+        config = dataclasses.replace(config, worker_cpu_seconds=cpu_seconds)
+    summary = train_loops.train_in_graph(replicas, ops, config, data)
     if summary:  # Empty when preempted.
         print(summary, flush=True)
     return 0
@@ -402,7 +412,11 @@ def launch_in_graph(v: Any) -> int:
             f"{json.dumps(local.cluster_spec.as_dict())}",
             flush=True,
         )
-        code = run_in_graph_controller(v, local.cluster_spec.as_dict())
+        code = run_in_graph_controller(
+            v,
+            local.cluster_spec.as_dict(),
+            functools.partial(local.cpu_seconds, 0),
+        )
         # Functions and variables placed on the workers are released while
         # the workers still answer; later, TensorFlow would log an error for
         # each one it can no longer release remotely.

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -63,6 +64,9 @@ class Config:
     # After training, steps timed on this host alone and all-reduces timed
     # alone (train_timing; 0: none).
     timing_steps: int = 0
+    # In-graph: the first worker's CPU clock, where the controller started
+    # that worker (None: not known here).
+    worker_cpu_seconds: Callable[[], float] | None = None
 
 
 def build_model(config: Config, data: train_data.Data) -> keras.Model:
@@ -613,6 +617,7 @@ def _train_in_graph(replicas, ops, config, data, watcher):
         config.steps,
         os.path.join(config.model_dir, "train"),
         verbose=True,
+        cpu_seconds=config.worker_cpu_seconds or time.process_time,
     )
 
     def average(grads):
@@ -756,14 +761,24 @@ def _time_in_graph_parts(
     batches = iter(
         train_data.dataset(data, per_replica * k, config.seed, 0, calls + 1)
     )
-    alone_seconds, _ = train_timing.median_seconds(
-        lambda: replicas.run(alone, *next(batches)), calls
+    cpu = config.worker_cpu_seconds or time.process_time
+    alone_seconds, alone_cores = train_timing.median_seconds(
+        lambda: replicas.run(alone, *next(batches)), calls, cpu
     )
-    all_reduce_seconds, _ = train_timing.average_seconds(
-        replicas, average, [m.trainable_variables for m in models], calls
+    all_reduce_seconds, all_reduce_cores = train_timing.average_seconds(
+        replicas, average, [m.trainable_variables for m in models], calls, cpu
+    )
+    # The controller's own clock would say nothing of the hosts.
+    cores = (
+        (reporter.step_cores(), alone_cores, all_reduce_cores)
+        if config.worker_cpu_seconds
+        else None
     )
     return train_timing.Parts(
-        reporter.median_step_seconds(), alone_seconds, all_reduce_seconds
+        reporter.median_step_seconds(),
+        alone_seconds,
+        all_reduce_seconds,
+        cores,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -33,6 +33,8 @@ class Reporter:
         total_steps: the step it ends at.
         log_dir: where scalars go (None: nowhere).
         verbose: print progress lines (the chief does; other workers not).
+        cpu_seconds: the CPU clock of what trains on the first host (this
+            process, unless it drives workers elsewhere).
     """
 
     def __init__(
@@ -42,8 +44,10 @@ class Reporter:
         total_steps: int,
         log_dir: str | None,
         verbose: bool,
+        cpu_seconds: Callable[[], float] = time.process_time,
     ) -> None:
         self.global_batch = global_batch
+        self._cpu_seconds = cpu_seconds
         self.start_step = start_step
         self.total_steps = total_steps
         self.verbose = verbose
@@ -66,7 +70,7 @@ class Reporter:
     def step_done(self) -> None:
         """Counts a step; the first one's end (tracing) is left out of rates."""
         self._step_ends.append(time.perf_counter())
-        self._step_cpu.append(time.process_time())
+        self._step_cpu.append(self._cpu_seconds())
 
     def record(self, step: int, loss: float, accuracy: float) -> None:
         """Reports the steps since the last call; `step` steps are done."""
@@ -115,8 +119,8 @@ class Reporter:
         return float(np.median(gaps)) if len(gaps) else float("nan")
 
     def step_cores(self) -> float:
-        """This process's CPU time over the wall time (every thread's),
-        from the second step's end on: the cores its training kept busy."""
+        """CPU time (`cpu_seconds`) over the wall time, from the second
+        step's end on: the cores the training kept busy."""
         if len(self._step_ends) < 3:
             return float("nan")
         wall = self._step_ends[-1] - self._step_ends[1]

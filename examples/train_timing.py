@@ -21,6 +21,9 @@ In-graph, the controller times the step of the first host's replicas
 alone (their gradients averaged on its first device) while the other
 hosts idle, which lends it nothing, each host's core share being a quota;
 and the in-graph step's `batch_reduce` alone, on the weights' values.
+Where the controller started the workers itself, the cores busy are the
+first worker's (its process's CPU time over the wall time); with workers
+elsewhere it cannot see them and prints none.
 
 Each is the median of `--timing_steps` calls after one untimed call that
 traces it; the training's step is the median of its own steps. Besides
@@ -54,8 +57,8 @@ class Parts:
     step: float
     alone: float  # The same step on this host alone.
     all_reduce: float  # The all-reduce alone.
-    # This process's CPU seconds per second during each of (step, alone,
-    # all-reduce): the cores it kept busy.
+    # CPU seconds per second during each of (step, alone, all-reduce) of
+    # what trains on this host: the cores it kept busy.
     cores: tuple[float, float, float] | None = None
 
     @property
@@ -98,18 +101,23 @@ class Parts:
         return lines
 
 
-def median_seconds(call: Callable[[], Any], calls: int) -> tuple[float, float]:
+def median_seconds(
+    call: Callable[[], Any],
+    calls: int,
+    cpu_seconds: Callable[[], float] = time.process_time,
+) -> tuple[float, float]:
     """The median time of `calls` calls of `call`, each waited for, after
-    one untimed call; and the cores this process kept busy meanwhile (its
-    CPU time over the wall time, every thread's)."""
+    one untimed call; and the cores kept busy meanwhile: CPU time
+    (`cpu_seconds`, by default this process's, every thread's) over the
+    wall time."""
     _wait(call())
     times = []
-    cpu, wall = time.process_time(), time.perf_counter()
+    cpu, wall = cpu_seconds(), time.perf_counter()
     for _ in range(calls):
         start = time.perf_counter()
         _wait(call())
         times.append(time.perf_counter() - start)
-    cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    cores = (cpu_seconds() - cpu) / (time.perf_counter() - wall)
     return float(np.median(times)), cores
 
 
@@ -148,6 +156,7 @@ def average_seconds(
     average: Callable[[list[list[Any]]], list[Any]],
     variables: list[list[Any]],
     calls: int,
+    cpu_seconds: Callable[[], float] = time.process_time,
 ) -> tuple[float, float]:
     """`median_seconds` of the in-graph step's all-reduce, `average`, on
     values of the gradients' shapes: replica r's values of `variables[r]`,
@@ -165,4 +174,4 @@ def average_seconds(
         results = [getattr(m, "values", (m,)) for m in means]
         return measure.sink([t for r in results for t in r])
 
-    return median_seconds(lambda: replicas.run(all_reduce), calls)
+    return median_seconds(lambda: replicas.run(all_reduce), calls, cpu_seconds)

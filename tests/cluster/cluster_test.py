@@ -151,6 +151,11 @@ def test_client_sees_devices_and_sums_across_workers(
         ):
             cluster.worker_devices("TPU")
         assert cluster.num_workers == num_workers
+        # Each worker has imported TensorFlow: a second of CPU or more.
+        for task in range(num_workers):
+            assert cluster.cpu_seconds(task) > 0.5
+        with pytest.raises(ValueError, match=f"task: .* below {num_workers}"):
+            cluster.cpu_seconds(num_workers)
         addresses = cluster.cluster_spec.as_dict()["worker"]
         assert addresses == cluster.addresses
         assert len(set(addresses)) == num_workers

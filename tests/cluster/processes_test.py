@@ -227,3 +227,32 @@ def test_read_all_returns_the_output_of_a_child_that_succeeded(code, error):
             timeout = 0.5 if "0.5" in error else TIMEOUT
             with pytest.raises(_processes.ChildError, match=error):
                 c.read_all(timeout=timeout)
+
+
+# The child burns 0.2 s of CPU, the child it starts 0.4 s; both then wait.
+def test_cpu_seconds_counts_the_child_and_what_it_started():
+    code = (
+        "import subprocess, sys, time\n"
+        "def burn(seconds):\n"
+        "    start = time.process_time()\n"
+        "    while time.process_time() - start < seconds:\n"
+        "        pass\n"
+        "if sys.argv[1:] == ['grandchild']:\n"
+        "    burn(0.4)\n"
+        "    print('burnt', flush=True)\n"
+        "    time.sleep(60)\n"
+        "else:\n"
+        "    grandchild = subprocess.Popen(\n"
+        "        [sys.executable, '-c', CODE, 'grandchild'],\n"
+        "        stdout=subprocess.PIPE, text=True)\n"
+        "    burn(0.2)\n"
+        "    grandchild.stdout.readline()\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    code = f"CODE = {code!r}\n{code}"
+    with _processes.Child([sys.executable, "-c", code], name="burner") as c:
+        assert c.read_line(timeout=TIMEOUT) == "ready"
+        used = c.cpu_seconds()
+    # 0.6 s burnt, plus two interpreters' start-up (a few tens of ms each).
+    assert 0.6 <= used < 1.2, used

@@ -82,9 +82,10 @@ def check_model_dir(model_dir: str, steps: int) -> None:
     assert tf.train.latest_checkpoint(model_dir).endswith(f"ckpt-{steps}")
 
 
-def check_parts(out: str) -> None:
+def check_parts(out: str, share: float | None = None) -> None:
     """The summary's step parts (--timing_steps): each time measured, and
-    each ratio what the printed times give."""
+    each ratio what the printed times give; the cores kept busy within
+    the host's core `share` (None: the machine's cores)."""
     times = re.search(
         r"step ([\d.]+) ms; this host alone ([\d.]+) ms; all-reduce alone "
         r"([\d.]+) ms",
@@ -111,6 +112,18 @@ def check_parts(out: str) -> None:
     assert ratio("scaling efficiency") == pytest.approx(
         alone / step, **close(alone, step)
     )
+    cores = re.search(
+        r"cores busy \(CPU time / wall time\): step ([\d.]+), alone "
+        r"([\d.]+), all-reduce alone ([\d.]+)",
+        out,
+    )
+    assert cores, out
+    # Over the training's steps: within the share (a quota lets a host
+    # overdraw it by a little within a period). Another process's CPU time
+    # comes in clock ticks (10 ms), too coarse to bound the figures of the
+    # few short calls timed here.
+    step_busy = float(cores[1])
+    assert 0 < step_busy <= 1.1 * (share or os.cpu_count()), cores[0]
 
 
 def test_collective_workers_from_flags_exit_without_errors(tmp_path):
@@ -255,7 +268,8 @@ def check_uninterrupted(mode: str, whole: str, model_dir) -> None:
         )
         assert "2 workers x 2 devices, MultiWorkerAllReduce" in whole
         assert "all_reduce_spec='xring#2'" in whole
-        check_parts(whole)
+        # The controller reads its first worker's CPU: one of 2 cores each.
+        check_parts(whole, share=os.cpu_count() / 2)
         assert whole.rstrip().splitlines()[-1].startswith("workers stopped")
     check_model_dir(str(model_dir), STEPS)
 

@@ -89,14 +89,28 @@ def test_steps_times_the_next_steps_after_an_untimed_one():
     assert taken == [0, 1, 2, 3]
 
 
+def test_cores_busy_come_from_the_clock_given(monkeypatch):
+    # Wall clock: start 10.0, calls (10.0 to 10.5), (10.5 to 11.5),
+    # end 12.0; another process's CPU clock: 3.0 at the start, 3.6 at the end.
+    wall = iter([10.0, 10.0, 10.5, 10.5, 11.5, 12.0])
+    cpu = iter([3.0, 3.6])
+    monkeypatch.setattr(train_timing.time, "perf_counter", lambda: next(wall))
+    seconds, cores = train_timing.median_seconds(
+        lambda: None, 2, cpu_seconds=lambda: next(cpu)
+    )
+    assert seconds == pytest.approx(0.75)  # median of 0.5 and 1.0
+    assert cores == pytest.approx(0.6 / 2.0)
+
+
 def test_the_reporter_s_step_is_the_median_gap_from_the_second_step_on(
     monkeypatch,
 ):
-    reporter = train_report.Reporter(64, 0, 10, None, verbose=False)
-    clock = iter([0.0, 5.0, 5.1, 5.3, 5.4, 6.4, 6.5])  # Step ends.
     cpu = iter([0.0, 4.0, 4.1, 4.2, 4.3, 4.4, 4.5])
+    reporter = train_report.Reporter(
+        64, 0, 10, None, verbose=False, cpu_seconds=lambda: next(cpu)
+    )
+    clock = iter([0.0, 5.0, 5.1, 5.3, 5.4, 6.4, 6.5])  # Step ends.
     monkeypatch.setattr(train_report.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(train_report.time, "process_time", lambda: next(cpu))
     reporter.step_done()
     reporter.step_done()
     assert np.isnan(reporter.median_step_seconds())

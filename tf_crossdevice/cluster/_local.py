@@ -134,6 +134,17 @@ class LocalCluster:
         """The workers' `host:port` addresses, in task order."""
         return [w.address for w in self._workers]
 
+    def cpu_seconds(self, task: int) -> float:
+        """CPU seconds worker `task`'s process has used so far: on an
+        emulated host, what that host's core share went to."""
+        task = checks.integer(task, "task", minimum=0)
+        if task >= len(self._workers):
+            raise ValueError(
+                f"task: expected a task index below {len(self._workers)}, "
+                f"got {task}"
+            )
+        return self._workers[task].child.cpu_seconds()
+
     @property
     def processes(self) -> list[subprocess.Popen[str]]:
         """The worker processes, in task order (read `returncode`, `pid`)."""

@@ -190,6 +190,18 @@ class Child:
     def pid(self) -> int:
         return self.process.pid
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user and system, every thread's) the child and the
+        processes it started have used so far; what has exited is not
+        counted."""
+        total = 0.0
+        with contextlib.suppress(psutil.Error):
+            for p in [psutil.Process(self.pid), *_tree(self.process)]:
+                with contextlib.suppress(psutil.Error):
+                    times = p.cpu_times()
+                    total += times.user + times.system
+        return total
+
     def _read_stdout(self) -> None:
         assert self.process.stdout is not None
         with contextlib.suppress(ValueError, OSError):

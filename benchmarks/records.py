@@ -210,6 +210,9 @@ class Job:
     alone_seconds: float | None = None
     all_reduce_seconds: float | None = None
     error: str = ""
+    # The first host's cores kept busy (CPU time / wall time) during each
+    # of the three, as the summary printed them.
+    cores: list[float] | None = None
 
     @property
     def overlap(self) -> float | None:
@@ -223,6 +226,18 @@ class Job:
     def scaling_efficiency(self) -> float | None:
         """alone / step: these hosts' examples/s over as many lone hosts'."""
         return ratio(self.alone_seconds, self.step_seconds)
+
+    @property
+    def core_bound_seconds(self) -> float | None:
+        """The shortest step the first host's cores allow: the step alone,
+        which keeps its core share busy, plus the all-reduce's CPU time at
+        that rate (the all-reduce alone x its cores busy / the step
+        alone's). Overlap hides the link's time, not CPU time on cores
+        already busy."""
+        alone, all_reduce = self.alone_seconds, self.all_reduce_seconds
+        if not (self.cores and alone and all_reduce and self.cores[1]):
+            return None
+        return alone + all_reduce * self.cores[2] / self.cores[1]
 
 
 @dataclasses.dataclass

@@ -227,23 +227,25 @@ def training_table(jobs: Sequence[Job]) -> list[str]:
     """The example job's runs (benchmarks.training), as Markdown rows."""
     lines = [
         "| hosts | job | examples/s | held-out accuracy | step / alone / "
-        "all-reduce alone (ms) | overlap | scaling efficiency |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "all-reduce alone (ms) | overlap | scaling efficiency | cores busy: "
+        "step / alone / all-reduce |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for j in jobs:
         head = f"| {j.hosts} at {j.link_rate} | {j.name} |"
         if j.error:
-            lines.append(f"{head} {j.error} | | | | |")
+            lines.append(f"{head} {j.error} | | | | | |")
             continue
         times = " / ".join(
             f"{t * 1e3:.1f}" if t is not None else "-"
             for t in (j.step_seconds, j.alone_seconds, j.all_reduce_seconds)
         )
+        cores = " / ".join(f"{c:.2f}" for c in j.cores) if j.cores else "-"
         lines.append(
             f"{head} {j.examples_per_second or 0:.1f} | "
             f"{j.accuracy or 0:.3f} | {times} | "
             f"{format_ratio(j.overlap)} | "
-            f"{format_ratio(j.scaling_efficiency)} |"
+            f"{format_ratio(j.scaling_efficiency)} | {cores} |"
         )
     return lines
 

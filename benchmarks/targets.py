@@ -605,8 +605,16 @@ def training_targets(jobs: Sequence[Job]) -> list[Target]:
 
 
 def _parts_note(job: Job) -> str:
-    return (
+    note = (
         f"step {_ms(job.step_seconds)}, this host alone "
         f"{_ms(job.alone_seconds)}, all-reduce alone "
         f"{_ms(job.all_reduce_seconds)}"
+    )
+    bound = job.core_bound_seconds
+    if bound is None or not job.alone_seconds:
+        return note
+    return (
+        f"{note}; the host's core share allows no step under "
+        f"{_ms(bound)} (alone + the all-reduce's CPU time), a scaling "
+        f"efficiency of at most {job.alone_seconds / bound:.2f}"
     )

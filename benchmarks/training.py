@@ -18,9 +18,10 @@ this run:
 
 Each trains the same model (a dense network whose gradients take about as
 long to all-reduce across hosts as a step takes to compute them) on the
-same examples, 64 per host per step, and times its step's parts after
+same examples, 256 per host per step, and times its step's parts after
 training (--timing_steps: the same step on one host alone, the all-reduce
-alone). Each job's figures come from its chief's summary.
+alone, and the cores the first host kept busy during each). Each job's
+figures come from its chief's summary.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from benchmarks.records import Job
 from tf_crossdevice.cluster import processes
 
 TRAIN = pathlib.Path(__file__).resolve().parents[1] / "examples" / "train.py"
-# A 3.9M-parameter dense network: its float32 gradients (15.6 MB) take
-# about 190 ms to all-reduce between 4 hosts at 1 Gbit/s.
+# A 3.9M-parameter dense network: its float32 gradients (15.6 MB) need
+# 187 ms of a 1 Gbit/s link to all-reduce between 4 hosts (2(p-1)/p of
+# them each way), of the order of a step's compute on 256 examples with
+# half a core.
 MODEL_FLAGS = (
     "--model=dense",
     "--width=1024",
@@ -45,7 +48,7 @@ MODEL_FLAGS = (
     "--log_every=20",
     "--timing_steps=10",
 )
-PER_HOST_BATCH = 64
+PER_HOST_BATCH = 256
 TF = "TF MWMS"
 COLLECTIVE = "ours CollectiveAllReduce"
 HIERARCHICAL = "ours HierarchicalCollectiveAllReduce, 2 devices per host"
@@ -143,6 +146,11 @@ def parse(
     step, alone, all_reduce = (
         (float(t) / 1e3 for t in parts.groups()) if parts else (None,) * 3
     )
+    cores = re.search(
+        r"cores busy \(CPU time / wall time\): step ([\d.]+), alone "
+        r"([\d.]+), all-reduce alone ([\d.]+)",
+        out,
+    )
     return Job(
         name,
         hosts,
@@ -153,6 +161,7 @@ def parse(
         step,
         alone,
         all_reduce,
+        cores=[float(c) for c in cores.groups()] if cores else None,
     )
 
 

@@ -4,6 +4,7 @@ summary, the targets worked out by hand, and two small jobs run for real
 
 from __future__ import annotations
 
+import os
 import re
 
 import psutil
@@ -18,6 +19,7 @@ SUMMARY = """\
 [worker 0] total examples/s: 372.5 (59 steps x 128 examples in 20.3 s, after the first step)
 [worker 0] step 341.2 ms; this host alone 96.0 ms; all-reduce alone 250.4 ms
 [worker 0] all-reduce share of the step: 0.73 (all-reduce alone / step)
+[worker 0] cores busy (CPU time / wall time): step 0.81, alone 0.96, all-reduce alone 0.70
 [worker 0] final loss: 0.5000
 [worker 0] held-out accuracy: 0.799 (1024 examples)
 """  # noqa: E501
@@ -34,9 +36,11 @@ def test_parse_reads_the_chiefs_summary():
     # 341.2 / max(96.0, 250.4) and 96.0 / 341.2.
     assert job.overlap == pytest.approx(1.3626, abs=1e-4)
     assert job.scaling_efficiency == pytest.approx(0.2814, abs=1e-4)
+    assert job.cores == [0.81, 0.96, 0.70]
     nothing = training.parse("TF MWMS", 2, "1gbit", [], "no summary")
     assert nothing.examples_per_second is None
     assert nothing.step_seconds is None and nothing.overlap is None
+    assert nothing.cores is None
 
 
 def test_commands_run_the_job_on_emulated_hosts():
@@ -50,7 +54,7 @@ def test_commands_run_the_job_on_emulated_hosts():
         "--",
     ]
     assert "--cross_device_ops=TensorFlow" in tf_job
-    assert "--batch_size=256" in tf_job  # 64 examples per host.
+    assert "--batch_size=1024" in tf_job  # 256 examples per host.
     ours = training.command(training.COLLECTIVE, 2, "1gbit")
     assert "--cross_device_ops=CollectiveAllReduce" in ours
     # The same job otherwise: packing, loop, model, batch.
@@ -120,6 +124,8 @@ def test_training_targets_worked_by_hand():
         "scaling efficiency (alone / step)"
     ]
     assert scaling.measured == pytest.approx(0.5) and not scaling.met
+    # No cores reported: no bound in the note.
+    assert "core share" not in scaling.note
     overlap = next(t for n, t in by_name.items() if "overlap" in n)
     # max(60, 108) / 120 = 0.9 >= 1 / 1.15: the step is 1.11 x the longer.
     assert overlap.measured == pytest.approx(0.9) and overlap.met
@@ -136,16 +142,33 @@ def test_training_targets_worked_by_hand():
     assert overlap.measured is None and not overlap.met
 
 
+def test_the_cores_bound_the_step_at_alone_plus_the_all_reduces_cpu():
+    job = _job(training.IN_GRAPH, 4, 500.0, 0.8, (0.2, 0.1, 0.09))
+    assert job.core_bound_seconds is None  # No cores reported.
+    # The step alone keeps 0.5 cores busy; the all-reduce alone 0.25 of
+    # them for 90 ms: 45 ms of the host's share, after the 100 ms alone.
+    job.cores = [0.45, 0.5, 0.25]
+    assert job.core_bound_seconds == pytest.approx(0.145)
+    (_, scaling, _) = targets.training_targets(
+        [_job(training.TF, 4, 300.0, 0.8), job]
+    )
+    assert scaling.note.endswith(
+        "the host's core share allows no step under 145.000 ms (alone + "
+        "the all-reduce's CPU time), a scaling efficiency of at most 0.69"
+    )
+
+
 def test_the_table_shows_each_job_and_its_error():
     jobs = [
         _job(training.IN_GRAPH, 2, 600.0, 0.795, (0.1, 0.05, 0.09)),
         _job(training.TF, 2, None, None),
     ]
+    jobs[0].cores = [0.5, 0.49, 0.375]
     jobs[1].error = "ran past 900 s"
     rows = report.training_table(jobs)
     assert rows[2] == (
         f"| 2 at 1gbit | {training.IN_GRAPH} | 600.0 | 0.795 | "
-        "100.0 / 50.0 / 90.0 | 1.11 | 0.50 |"
+        "100.0 / 50.0 / 90.0 | 1.11 | 0.50 | 0.50 / 0.49 / 0.38 |"
     )
     assert rows[3].startswith("| 2 at 1gbit | TF MWMS | ran past 900 s |")
 
@@ -178,4 +201,8 @@ def test_a_small_job_on_two_emulated_hosts(name):
     assert 0.0 <= job.accuracy <= 1.0
     assert job.step_seconds > 0 and job.alone_seconds > 0
     assert job.all_reduce_seconds > 0
+    # The first host's cores over the training's steps, within its share
+    # (one of 2 cores each): TF's chief reads its own process, in-graph
+    # the controller reads its first worker's.
+    assert 0 < job.cores[0] <= 1.1 * os.cpu_count() / 2
     assert _left_by_dead_builders() == []

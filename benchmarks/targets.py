@@ -611,10 +611,10 @@ def _parts_note(job: Job) -> str:
         f"{_ms(job.all_reduce_seconds)}"
     )
     bound = job.core_bound_seconds
-    if bound is None or not job.alone_seconds:
+    if bound is None:
         return note
     return (
         f"{note}; the host's core share allows no step under "
         f"{_ms(bound)} (alone + the all-reduce's CPU time), a scaling "
-        f"efficiency of at most {job.alone_seconds / bound:.2f}"
+        f"efficiency of at most {ratio(job.alone_seconds, bound):.2f}"
     )

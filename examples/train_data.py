@@ -272,7 +272,7 @@ def _examples(data: Data, rows: np.ndarray) -> tf.data.Dataset:
     """
     used, where = np.unique(rows, return_inverse=True)
     example_bytes = 4 * 3 * data.image_size**2
-    if used.size * example_bytes > _TABLE_BYTES:
+    if not used.size or used.size * example_bytes > _TABLE_BYTES:
         return _made_per_batch(data, rows)
     make = tf.function(lambda indices: _each(data, indices))
     images, labels = make(tf.constant(used, tf.int64))

@@ -57,7 +57,9 @@ class Reporter:
         self._last = (start_step, time.perf_counter())
         # When each step of this run ended (and the process's CPU time).
         self._step_ends: list[float] = []
-        self._step_cpu: list[float] = []
+        # The CPU clock at the second step's end and at the last's, read
+        # then only (another process's clock costs a look at /proc).
+        self._step_cpu: dict[int, float] = {}
         self.loss = float("nan")
         self.accuracy = float("nan")
 
@@ -70,7 +72,9 @@ class Reporter:
     def step_done(self) -> None:
         """Counts a step; the first one's end (tracing) is left out of rates."""
         self._step_ends.append(time.perf_counter())
-        self._step_cpu.append(self._cpu_seconds())
+        done = len(self._step_ends)
+        if done in (2, self.total_steps - self.start_step):
+            self._step_cpu[done - 1] = self._cpu_seconds()
 
     def record(self, step: int, loss: float, accuracy: float) -> None:
         """Reports the steps since the last call; `step` steps are done."""
@@ -120,11 +124,13 @@ class Reporter:
 
     def step_cores(self) -> float:
         """CPU time (`cpu_seconds`) over the wall time, from the second
-        step's end on: the cores the training kept busy."""
-        if len(self._step_ends) < 3:
+        step's end to the last's: the cores the training kept busy (nan
+        before the last step, or with fewer than 3)."""
+        last = len(self._step_ends) - 1
+        if last < 2 or last not in self._step_cpu:
             return float("nan")
-        wall = self._step_ends[-1] - self._step_ends[1]
-        return (self._step_cpu[-1] - self._step_cpu[1]) / wall
+        wall = self._step_ends[last] - self._step_ends[1]
+        return (self._step_cpu[last] - self._step_cpu[1]) / wall
 
     def write_eval(self, step: int, accuracy: float) -> None:
         if self._writer is not None:

@@ -151,7 +151,8 @@ def test_client_sees_devices_and_sums_across_workers(
         ):
             cluster.worker_devices("TPU")
         assert cluster.num_workers == num_workers
-        # Each worker has imported TensorFlow: a second of CPU or more.
+        # Each worker has imported TensorFlow, which takes more than half a
+        # second of CPU.
         for task in range(num_workers):
             assert cluster.cpu_seconds(task) > 0.5
         with pytest.raises(ValueError, match=f"task: .* below {num_workers}"):

@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 
@@ -256,3 +257,4 @@ def test_cpu_seconds_counts_the_child_and_what_it_started():
         used = c.cpu_seconds()
     # 0.6 s burnt, plus two interpreters' start-up (a few tens of ms each).
     assert 0.6 <= used < 1.2, used
+    assert np.isnan(c.cpu_seconds())  # Stopped.

@@ -628,6 +628,20 @@ def test_each_example_is_made_once_while_the_table_fits(table, monkeypatch):
     assert (first == second) == table, (first, second)
 
 
+def test_synthetic_batches_from_the_table_are_those_made_per_batch(
+    monkeypatch,
+):
+    data = train_data.synthetic(8, 4, num_train=64, seed=0)
+    # 6 steps of 16 from 64 examples: an epoch and a half.
+    table = list(train_data.dataset(data, 16, 0, 0, 6))
+    monkeypatch.setattr(train_data, "_TABLE_BYTES", 0)
+    per_batch = list(train_data.dataset(data, 16, 0, 0, 6))
+    assert len(table) == len(per_batch) == 6
+    for (x, y), (x2, y2) in zip(table, per_batch, strict=True):
+        np.testing.assert_array_equal(x.numpy(), x2.numpy())
+        np.testing.assert_array_equal(y.numpy(), y2.numpy())
+
+
 def test_synthetic_labels_come_from_the_teacher_and_use_every_class():
     data = train_data.synthetic(8, 4, num_train=64, seed=0)
     counts = np.bincount(data.eval_labels, minlength=4)

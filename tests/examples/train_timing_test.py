@@ -105,9 +105,11 @@ def test_cores_busy_come_from_the_clock_given(monkeypatch):
 def test_the_reporter_s_step_is_the_median_gap_from_the_second_step_on(
     monkeypatch,
 ):
-    cpu = iter([0.0, 4.0, 4.1, 4.2, 4.3, 4.4, 4.5])
+    # 7 steps; the CPU clock is read at the second step's end and the
+    # last's, and nowhere else (next() would run out).
+    cpu = iter([4.0, 4.5])
     reporter = train_report.Reporter(
-        64, 0, 10, None, verbose=False, cpu_seconds=lambda: next(cpu)
+        64, 0, 7, None, verbose=False, cpu_seconds=lambda: next(cpu)
     )
     clock = iter([0.0, 5.0, 5.1, 5.3, 5.4, 6.4, 6.5])  # Step ends.
     monkeypatch.setattr(train_report.time, "perf_counter", lambda: next(clock))

@@ -193,7 +193,10 @@ class Child:
     def cpu_seconds(self) -> float:
         """CPU seconds (user and system, every thread's) the child and the
         processes it started have used so far; what has exited is not
-        counted."""
+        counted, and once the child has exited it is nan (its pid may be
+        another process's by then)."""
+        if self.process.poll() is not None:
+            return float("nan")
         total = 0.0
         with contextlib.suppress(psutil.Error):
             for p in [psutil.Process(self.pid), *_tree(self.process)]:

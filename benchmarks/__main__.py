@@ -127,22 +127,21 @@ def define_flags() -> None:
         "Budget of tf_crossdevice.autotune in each single-process group.",
         lower_bound=0.001,
     )
-    flags.register_validator(
-        "training_hosts",
-        lambda values: all(v.isdigit() and int(v) >= 1 for v in values),
-        "--training_hosts: expected whole numbers of at least 1",
-    )
-    for name in ("devices", "workers", "emulated_hosts"):
+    least = {
+        "devices": 2,
+        "workers": 2,
+        "emulated_hosts": 2,
+        "local_devices": 1,
+        "training_hosts": 1,
+    }
+    for name, minimum in least.items():
         flags.register_validator(
             name,
-            lambda values: all(v.isdigit() and int(v) >= 2 for v in values),
-            f"--{name}: expected whole numbers of at least 2",
+            lambda values, m=minimum: all(
+                v.isdigit() and int(v) >= m for v in values
+            ),
+            f"--{name}: expected whole numbers of at least {minimum}",
         )
-    flags.register_validator(
-        "local_devices",
-        lambda values: all(v.isdigit() and int(v) >= 1 for v in values),
-        "--local_devices: expected whole numbers of at least 1",
-    )
 
 
 def _workloads(flag: str) -> list[Any]:

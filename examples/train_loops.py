@@ -761,7 +761,7 @@ def _time_in_graph_parts(
     batches = iter(
         train_data.dataset(data, per_replica * k, config.seed, 0, calls + 1)
     )
-    cpu = config.worker_cpu_seconds or time.process_time
+    cpu = reporter.cpu_seconds
     alone_seconds, alone_cores = train_timing.median_seconds(
         lambda: replicas.run(alone, *next(batches)), calls, cpu
     )

@@ -47,7 +47,7 @@ class Reporter:
         cpu_seconds: Callable[[], float] = time.process_time,
     ) -> None:
         self.global_batch = global_batch
-        self._cpu_seconds = cpu_seconds
+        self.cpu_seconds = cpu_seconds
         self.start_step = start_step
         self.total_steps = total_steps
         self.verbose = verbose
@@ -74,7 +74,7 @@ class Reporter:
         self._step_ends.append(time.perf_counter())
         done = len(self._step_ends)
         if done in (2, self.total_steps - self.start_step):
-            self._step_cpu[done - 1] = self._cpu_seconds()
+            self._step_cpu[done - 1] = self.cpu_seconds()
 
     def record(self, step: int, loss: float, accuracy: float) -> None:
         """Reports the steps since the last call; `step` steps are done."""

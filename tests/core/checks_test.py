@@ -39,6 +39,18 @@ def test_integer_without_a_minimum_takes_negatives():
         _checks.integer(0.5, "axis")
 
 
+def test_index_names_how_many_there_are():
+    assert _checks.index(2, "task", 3, "a task") == 2
+    with pytest.raises(
+        ValueError, match=r"^task: expected a task index below 3, got 3$"
+    ):
+        _checks.index(3, "task", 3, "a task")
+    with pytest.raises(ValueError, match=r"^index: expected an int >= 0"):
+        _checks.index(-1, "index", 3, "a host")
+    with pytest.raises(TypeError, match=r"^index: expected an int >= 0"):
+        _checks.index(1.0, "index", 3, "a host")
+
+
 def test_one_of_lists_what_is_allowed():
     assert _checks.one_of("RING", "implementation", ["AUTO", "RING"]) == "RING"
     with pytest.raises(

@@ -63,6 +63,21 @@ def positive_int(value: Any, argument: str) -> int:
     return integer(value, argument, minimum=1)
 
 
+def index(value: Any, argument: str, count: int, what: str) -> int:
+    """`value` if it indexes one of `count` things (`what`, as in "a host
+    index"); see `integer`.
+
+    Raises:
+        ValueError: `value` is negative or not below `count`.
+    """
+    number = integer(value, argument, minimum=0)
+    if number >= count:
+        raise ValueError(
+            f"{argument}: expected {what} index below {count}, got {number}"
+        )
+    return number
+
+
 def positive_number(value: Any, argument: str) -> float:
     """`value` if it is an int or float (not a bool) greater than 0.
 

@@ -137,12 +137,7 @@ class LocalCluster:
     def cpu_seconds(self, task: int) -> float:
         """CPU seconds worker `task`'s process has used so far: on an
         emulated host, what that host's core share went to."""
-        task = checks.integer(task, "task", minimum=0)
-        if task >= len(self._workers):
-            raise ValueError(
-                f"task: expected a task index below {len(self._workers)}, "
-                f"got {task}"
-            )
+        task = checks.index(task, "task", len(self._workers), "a task")
         return self._workers[task].child.cpu_seconds()
 
     @property

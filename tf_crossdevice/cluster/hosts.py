@@ -310,13 +310,9 @@ class EmulatedHosts:
                 "latency", "100ms")  # fmt: skip
 
     def _host(self, index: int) -> Host:
-        index = checks.integer(index, "index", minimum=0)
-        if index >= len(self.hosts):
-            raise ValueError(
-                f"index: expected a host index below "
-                f"{len(self.hosts)}, got {index}"
-            )
-        return self.hosts[index]
+        return self.hosts[
+            checks.index(index, "index", len(self.hosts), "a host")
+        ]
 
     def link_bytes(self) -> list[LinkBytes]:
         """Per host: bytes sent and received since the hosts were built."""

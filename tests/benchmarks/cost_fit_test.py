@@ -90,6 +90,69 @@ def test_report_tables_the_scopes():
     assert "| each record alone | 6 of 6 | 6 of 6 | 54 of 54 |" in text
 
 
+def _link_rows(constants, rates) -> list[cost_fit.Row]:
+    """Measurements the model itself would make at each link rate: pscpu
+    and xring across 2 and 4 hosts of one core each."""
+    rows = []
+    for rate, link in rates:
+        at_rate = cost_model.at_link_rate(constants, 1e9, rate)
+        for workers in (2, 4):
+            for spec in ("xring", "pscpu"):
+                config = ("MultiWorkerAllReduce", {"all_reduce_spec": spec})
+                seconds = cost_model.predict(
+                    config,
+                    GRADS,
+                    devices_per_worker=1,
+                    num_workers=workers,
+                    constants=at_rate,
+                    cores_per_worker=1.0,
+                )
+                rows.append(
+                    cost_fit.Row(
+                        f"r: small, {workers} hosts at {link} x 1",
+                        spec,
+                        cost_model.Measurement(
+                            config, GRADS, 1, workers, seconds, 1.0
+                        ),
+                        link_rate=link,
+                    )
+                )
+    return rows
+
+
+def test_held_out_rate_moves_only_the_wire_terms():
+    # 1 Gbit/s: 8 ns per byte on the wire; 10 Gbit/s: 0.8 ns. At 2 hosts
+    # a ring sends 2(p-1)/p = 1x the gradients each way: 200 x 256 +
+    # 4 x 400,000 = 1,651,200 bytes, 13.2096 ms on the wire at 1 Gbit/s
+    # and a tenth of it at 10 Gbit/s; the per-op and per-step terms are
+    # the same at both rates.
+    constants = dataclasses.replace(
+        BASE, beta_net=8e-9, beta_incast=0.0, beta_serial=0.0
+    )
+    rows = _link_rows(constants, [(1e9, "1gbit"), (10e9, "10gbit")])
+    ((rate, test),) = cost_fit.held_out_by_rate(rows, 1e9, constants)
+    assert rate == 10e9
+    assert len(test) == 4
+    for row in test:
+        assert row.ratio == pytest.approx(1.0)
+    fast, slow = (
+        next(
+            r
+            for r in rs
+            if r.group == f"r: small, 2 hosts at {link} x 1"
+            and r.candidate == "xring"
+        )
+        for rs, link in ((test, "10gbit"), (rows, "1gbit"))
+    )
+    wire = 1_651_200 * 8e-9
+    assert slow.measurement.seconds - fast.predicted == pytest.approx(
+        wire - wire / 10
+    )
+    # Unmoved constants would predict the fast links as slow ones.
+    cost_fit.predict_rows(test, constants)
+    assert all(r.ratio > 1.0 for r in test)
+
+
 # --- emulated hosts: the shipped records ----------------------------------
 
 HOST_RECORDS = [

@@ -285,10 +285,9 @@ def constants_for_link(rate_bits_per_s: float) -> Constants:
     """Constants for hosts joined by links of `rate_bits_per_s`.
 
     The constants fitted on the benchmark's emulated hosts (links shaped
-    with `tc tbf`, one worker per host), with the per-byte wire terms
-    (beta_net, beta_incast) scaled from the fitted link's rate to this
-    one; the per-core terms are per whole core, so pass `predict` and
-    `recommend` each worker's `cores_per_worker`.
+    with `tc tbf`, one worker per host), moved to this rate by
+    `at_link_rate`; the per-core terms are per whole core, so pass
+    `predict` and `recommend` each worker's `cores_per_worker`.
 
     Assumptions, to read any prediction with: the wire is each host's
     bottleneck (a rate far above what the fitting links carried makes the
@@ -310,11 +309,32 @@ def constants_for_link(rate_bits_per_s: float) -> Constants:
     >>> round(constants_for_link(1e9).beta_net / c.beta_net, 6)
     10.0
     """
+    return at_link_rate(_EMULATED, _EMULATED_RATE, rate_bits_per_s)
+
+
+def at_link_rate(
+    constants: Constants, fitted_rate: float, rate_bits_per_s: float
+) -> Constants:
+    """`constants`, fitted on links of `fitted_rate` bits/s, for links of
+    `rate_bits_per_s`: the per-byte wire terms (beta_net, beta_incast)
+    scale with the links' time per byte; every other term stays.
+
+    Raises:
+        ValueError: a rate that is not a positive number.
+
+    >>> c = dataclasses.replace(DEFAULT_CONSTANTS, beta_net=8e-9)
+    >>> fast = at_link_rate(c, 1e9, 4e9)
+    >>> fast.beta_net, fast.gamma == c.gamma
+    (2e-09, True)
+    """
+    fitted = checks.positive_number(fitted_rate, "fitted_rate")
     rate = checks.positive_number(rate_bits_per_s, "rate_bits_per_s")
-    scale = _EMULATED_RATE / rate
     return dataclasses.replace(
-        _EMULATED,
-        **{name: getattr(_EMULATED, name) * scale for name in _PER_WIRE_BYTE},
+        constants,
+        **{
+            name: getattr(constants, name) * fitted / rate
+            for name in _PER_WIRE_BYTE
+        },
     )
 
 

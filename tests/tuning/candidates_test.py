@@ -44,6 +44,7 @@ def predict(config, topology, grads):
         grads,
         devices_per_worker=topology.local_devices,
         num_workers=topology.num_workers,
+        constants=_candidates.ordering_constants(topology.num_workers),
     )
 
 
@@ -180,8 +181,48 @@ def test_workers_also_time_the_likeliest_four_compressed():
     assert not [c for c in timed(CPU4)[2] if "compression" in c[1]]
 
 
+def test_across_workers_one_big_pack_pays_its_processing():
+    """64 tensors of 128 KiB (32,768 float32 each) across 2 workers: on
+    loopback the fit has no serial term and ranks one pack (fewer messages
+    and ops) first; across workers the order adds beta_serial per byte of
+    the largest pack, 8 MiB packed against 128 KiB apart, which turns the
+    order."""
+    big = [((1 << 15,), "float32")] * 64
+    topology = topology_lib.Topology.of(
+        [f"/job:worker/replica:0/task:{t}/device:CPU:0" for t in (0, 1)]
+    )
+    grads = topology_lib.normalize_gradients(big)
+    apart = ("MultiWorkerAllReduce", {"all_reduce_spec": "xring"})
+    packed = (
+        "MultiWorkerAllReduce",
+        {"all_reduce_spec": "xring", "num_packs": 1},
+    )
+    serial = cost_model.constants_for_link(1e9).beta_serial
+    constants = _candidates.ordering_constants(2)
+    assert constants.beta_serial == serial > 0
+    assert _candidates.ordering_constants(1) == cost_model.DEFAULT_CONSTANTS
+
+    def seconds(config, constants):
+        return cost_model.predict(
+            config,
+            grads,
+            devices_per_worker=1,
+            num_workers=2,
+            constants=constants,
+        )
+
+    loopback = cost_model.DEFAULT_CONSTANTS
+    assert seconds(packed, loopback) < seconds(apart, loopback)
+    for config, largest in ((packed, 8 << 20), (apart, 128 << 10)):
+        assert seconds(config, constants) - seconds(
+            config, loopback
+        ) == pytest.approx(serial * largest)
+    plan = _candidates.ordered([packed, apart], topology, grads)
+    assert [c for c, _ in plan] == [apart, packed]
+
+
 def test_unpredicted_candidates_keep_the_list_order(monkeypatch):
-    def cannot_predict(config, gradients, *, devices_per_worker, num_workers):
+    def cannot_predict(config, gradients, **counts):
         raise ValueError(f"config: cannot model {config[0]}")
 
     monkeypatch.setattr(
@@ -189,6 +230,7 @@ def test_unpredicted_candidates_keep_the_list_order(monkeypatch):
         "cost_model",
         types.SimpleNamespace(
             predict=cannot_predict,
+            DEFAULT_CONSTANTS=cost_model.DEFAULT_CONSTANTS,
             candidates=cost_model.candidates,
             ALGORITHMS=cost_model.ALGORITHMS,
             COMPRESSIBLE=cost_model.COMPRESSIBLE,
@@ -205,14 +247,21 @@ def test_unpredicted_candidates_keep_the_list_order(monkeypatch):
 def test_ordered_puts_the_unpredicted_last_in_their_order(monkeypatch):
     topology, grads, configs = timed(CPU4)
 
-    def only_packed(config, gradients, *, devices_per_worker, num_workers):
+    def only_packed(
+        config, gradients, *, devices_per_worker, num_workers, constants
+    ):
         assert (devices_per_worker, num_workers) == (4, 1)
+        assert constants == cost_model.DEFAULT_CONSTANTS
         if not config[1].get("num_packs"):
             raise ValueError("config: cannot model it")
         return 1.0 / config[1]["num_packs"]
 
     monkeypatch.setattr(
-        _candidates, "cost_model", types.SimpleNamespace(predict=only_packed)
+        _candidates,
+        "cost_model",
+        types.SimpleNamespace(
+            predict=only_packed, DEFAULT_CONSTANTS=cost_model.DEFAULT_CONSTANTS
+        ),
     )
     plan = _candidates.ordered(configs, topology, grads)
     assert sorted(map(_configs.label, (c for c, _ in plan))) == sorted(

@@ -68,10 +68,12 @@ def autotune(
     across workers `MultiWorkerAllReduce` with flat and two-level specs),
     with each packing that changes the gradients (one or four packs,
     small-tensor aggregation of up to 64 KiB in groups of 1024, none). The
-    cost model (`tf_crossdevice.cost_model.predict`) keeps each
-    algorithm's fastest-predicted configuration and the fastest others, 20
-    in all; across workers, for float gradients, the first four are also
-    tried with each `compression` codec. They are tried fastest-predicted
+    cost model (`tf_crossdevice.cost_model.predict`; across workers with
+    the serial cost of a pack that links of known rate measured, so that
+    one pack of every gradient is not ranked first) keeps each algorithm's
+    fastest-predicted configuration and the fastest others, 20 in all;
+    across workers, for float gradients, the first four are also tried
+    with each `compression` codec. They are tried fastest-predicted
     first; any the model cannot price follow in the list's order.
 
     Each candidate reduces random integer gradients of the given shapes on

@@ -1044,6 +1044,9 @@ def emulated_main(paths: Sequence[pathlib.Path], command: str) -> str:
     held_out_rates = held_out_by_rate(every, rate, constants)
     loopback = [dataclasses.replace(r) for r in rows]
     predict_rows(loopback, cost_model.DEFAULT_CONSTANTS)
+    # Every emulated row is across workers: autotune's order for any count.
+    autotune = [dataclasses.replace(r) for r in rows]
+    predict_rows(autotune, cost_model.ordering_constants(2))
     orderings = [
         ("fitted on every host count", ordering(rows)),
         (
@@ -1054,7 +1057,8 @@ def emulated_main(paths: Sequence[pathlib.Path], command: str) -> str:
             "fitted at another rate",
             ordering([r for _, test in held_out_rates for r in test]),
         ),
-        ("loopback defaults (autotune's today)", ordering(loopback)),
+        ("loopback defaults", ordering(loopback)),
+        ("autotune's order (loopback, serial pack cost)", ordering(autotune)),
     ]
     recommended = host_recommendations(constants)
     print(constants)

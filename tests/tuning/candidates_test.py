@@ -44,7 +44,7 @@ def predict(config, topology, grads):
         grads,
         devices_per_worker=topology.local_devices,
         num_workers=topology.num_workers,
-        constants=_candidates.ordering_constants(topology.num_workers),
+        constants=cost_model.ordering_constants(topology.num_workers),
     )
 
 
@@ -198,9 +198,9 @@ def test_across_workers_one_big_pack_pays_its_processing():
         {"all_reduce_spec": "xring", "num_packs": 1},
     )
     serial = cost_model.constants_for_link(1e9).beta_serial
-    constants = _candidates.ordering_constants(2)
+    constants = cost_model.ordering_constants(2)
     assert constants.beta_serial == serial > 0
-    assert _candidates.ordering_constants(1) == cost_model.DEFAULT_CONSTANTS
+    assert cost_model.ordering_constants(1) == cost_model.DEFAULT_CONSTANTS
 
     def seconds(config, constants):
         return cost_model.predict(
@@ -230,7 +230,7 @@ def test_unpredicted_candidates_keep_the_list_order(monkeypatch):
         "cost_model",
         types.SimpleNamespace(
             predict=cannot_predict,
-            DEFAULT_CONSTANTS=cost_model.DEFAULT_CONSTANTS,
+            ordering_constants=cost_model.ordering_constants,
             candidates=cost_model.candidates,
             ALGORITHMS=cost_model.ALGORITHMS,
             COMPRESSIBLE=cost_model.COMPRESSIBLE,
@@ -260,7 +260,8 @@ def test_ordered_puts_the_unpredicted_last_in_their_order(monkeypatch):
         _candidates,
         "cost_model",
         types.SimpleNamespace(
-            predict=only_packed, DEFAULT_CONSTANTS=cost_model.DEFAULT_CONSTANTS
+            predict=only_packed,
+            ordering_constants=cost_model.ordering_constants,
         ),
     )
     plan = _candidates.ordered(configs, topology, grads)

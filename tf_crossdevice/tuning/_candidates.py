@@ -4,7 +4,6 @@ the order it tries them."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 from collections.abc import Sequence
 
 from tf_crossdevice.algorithms import _spec as spec_lib
@@ -104,33 +103,13 @@ def _changes_something(config: Config, gradients: GradientList) -> bool:
     return len(small) >= 2 and not one_pack
 
 
-def ordering_constants(num_workers: int) -> cost_model.Constants:
-    """The constants `ordered` predicts with: the loopback fit
-    (`cost_model.DEFAULT_CONSTANTS`), and across workers its `beta_serial`
-    from the fit on links of known rate (`cost_model.constants_for_link`).
-
-    A pack's own transfer cannot hide its casts, sums and copies; loopback,
-    where the cores bound every transfer, cannot tell that apart and fits
-    it 0, which ranks one pack of every gradient first. Between hosts one
-    large pack loses to several smaller ones (most of all with
-    compression, whose casts then wait for the whole pack), as the
-    emulated hosts measured; the term is per whole core, the same on any
-    link rate.
-    """
-    constants = cost_model.DEFAULT_CONSTANTS
-    if num_workers == 1:
-        return constants
-    serial = cost_model.constants_for_link(1e9).beta_serial
-    return dataclasses.replace(constants, beta_serial=serial)
-
-
 def ordered(
     configs: Sequence[Config], topology: Topology, gradients: GradientList
 ) -> list[tuple[Config, float | None]]:
     """Fastest predicted first (`cost_model.predict` with
-    `ordering_constants`); configurations it cannot predict keep their
-    order after them."""
-    constants = ordering_constants(topology.num_workers)
+    `cost_model.ordering_constants`); configurations it cannot predict
+    keep their order after them."""
+    constants = cost_model.ordering_constants(topology.num_workers)
     predictions: list[float | None] = []
     for config in configs:
         try:

@@ -338,6 +338,31 @@ def at_link_rate(
     )
 
 
+def ordering_constants(num_workers: int) -> Constants:
+    """The constants autotune orders its candidates with: the loopback fit
+    (`DEFAULT_CONSTANTS`), and across workers its `beta_serial` from the
+    fit on links of known rate (`constants_for_link`).
+
+    A pack's own transfer cannot hide its casts, sums and copies; loopback,
+    where the cores bound every transfer, cannot tell that apart and fits
+    it 0, which ranks one pack of every gradient first. Between hosts one
+    large pack loses to several smaller ones (most of all with
+    compression, whose casts then wait for the whole pack), as the
+    emulated hosts measured; the term is per whole core, the same on any
+    link rate.
+
+    >>> ordering_constants(1) == DEFAULT_CONSTANTS
+    True
+    >>> ordering_constants(2).beta_serial == _EMULATED.beta_serial > 0
+    True
+    """
+    if num_workers == 1:
+        return DEFAULT_CONSTANTS
+    return dataclasses.replace(
+        DEFAULT_CONSTANTS, beta_serial=_EMULATED.beta_serial
+    )
+
+
 class Measurement(NamedTuple):
     """One measured configuration: what `fit` takes."""
 

@@ -363,6 +363,8 @@ def wire_targets(g: Group, base: str, stand_in: bool) -> list[Target]:
                 (FLAT, MWMS) if what == "mwms" else (what, FLAT)
             )
             ours_name = _best_uncompressed(g, ours_prefix)
+            if ours_name is None:
+                continue  # not measured in this run
             other_name = _best_uncompressed(g, other_prefix)
             ours, other = g.time(ours_name), g.time(other_name)
             measured = ratio(other, ours)

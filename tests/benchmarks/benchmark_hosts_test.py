@@ -277,6 +277,15 @@ def test_faster_links_keep_the_bytes_target_only():
     assert names == ["bytes each host sent / model, worst entry"]
 
 
+def test_a_collective_left_out_of_the_run_has_no_target():
+    group = _targets_group()
+    kept = [r for r in group.results if "CollectiveAllReduce" not in r.name]
+    records.add_results(group, [*group.baselines, *kept])
+    names = [t.name.rsplit(": ", 1)[1] for t in targets.evaluate([group])]
+    assert "CollectiveAllReduce vs MWMS best" not in names
+    assert "ours best vs TF best" in names
+
+
 def test_every_entry_the_wire_targets_compare_is_confirmed():
     group = _targets_group()
     names = records.finalists(group, targets.references(group))

@@ -1044,8 +1044,14 @@ def emulated_main(paths: Sequence[pathlib.Path], command: str) -> str:
     held_out_rates = held_out_by_rate(every, rate, constants)
     loopback = [dataclasses.replace(r) for r in rows]
     predict_rows(loopback, cost_model.DEFAULT_CONSTANTS)
-    # Every emulated row is across workers: autotune's order for any count.
-    autotune = [dataclasses.replace(r) for r in rows]
+    # Every emulated row is across workers: autotune's order for any count,
+    # which knows no cores per worker (one each).
+    autotune = [
+        dataclasses.replace(
+            r, measurement=r.measurement._replace(cores_per_worker=None)
+        )
+        for r in rows
+    ]
     predict_rows(autotune, cost_model.ordering_constants(2))
     orderings = [
         ("fitted on every host count", ordering(rows)),

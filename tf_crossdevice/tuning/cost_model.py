@@ -102,11 +102,13 @@ __all__ = [
     "ITEMSIZE",
     "LOOPBACK_FIELDS",
     "Measurement",
+    "at_link_rate",
     "candidates",
     "constants_for_link",
     "features",
     "fit",
     "nnls",
+    "ordering_constants",
     "predict",
     "recommend",
     "traffic_of",
@@ -259,7 +261,8 @@ DEFAULT_CONSTANTS = Constants(
 )
 
 # Fitted by `python -m benchmarks.cost_fit --emulated` (`fit` of every
-# field) on the records docs/benchmark/cost_model_hosts.md names, made on
+# field) on the 1 Gbit/s records docs/benchmark/cost_model_hosts.md names
+# (a faster rate there is held out), made on
 # the benchmark's emulated hosts: one network namespace per host, links
 # shaped to `_EMULATED_RATE` bits/s both ways, each host an equal share of
 # the machine's cores; the per-core terms are per whole core. That page
@@ -319,6 +322,11 @@ def at_link_rate(
     `rate_bits_per_s`: the per-byte wire terms (beta_net, beta_incast)
     scale with the links' time per byte; every other term stays.
 
+    Args:
+        constants: fitted on hosts joined by links of `fitted_rate`.
+        fitted_rate: those links' rate each way, bits per second.
+        rate_bits_per_s: the rate to predict for, bits per second.
+
     Raises:
         ValueError: a rate that is not a positive number.
 
@@ -329,34 +337,36 @@ def at_link_rate(
     """
     fitted = checks.positive_number(fitted_rate, "fitted_rate")
     rate = checks.positive_number(rate_bits_per_s, "rate_bits_per_s")
+    scale = fitted / rate
     return dataclasses.replace(
         constants,
-        **{
-            name: getattr(constants, name) * fitted / rate
-            for name in _PER_WIRE_BYTE
-        },
+        **{name: getattr(constants, name) * scale for name in _PER_WIRE_BYTE},
     )
 
 
 def ordering_constants(num_workers: int) -> Constants:
     """The constants autotune orders its candidates with: the loopback fit
     (`DEFAULT_CONSTANTS`), and across workers its `beta_serial` from the
-    fit on links of known rate (`constants_for_link`).
+    fit on links of known rate (`constants_for_link`), as for one core per
+    worker (autotune does not know the workers' cores).
 
     A pack's own transfer cannot hide its casts, sums and copies; loopback,
-    where the cores bound every transfer, cannot tell that apart and fits
-    it 0, which ranks one pack of every gradient first. Between hosts one
-    large pack loses to several smaller ones (most of all with
+    where the cores bound every transfer, cannot tell that term apart and
+    leaves it 0, which ranks one pack of every gradient first. Between
+    hosts one large pack loses to several smaller ones (most of all with
     compression, whose casts then wait for the whole pack), as the
-    emulated hosts measured; the term is per whole core, the same on any
-    link rate.
+    emulated hosts measured. Workers sharing one machine get the same
+    order: whether their transfers cross a wire is not in the topology.
+
+    Raises:
+        ValueError: `num_workers` is not a positive integer.
 
     >>> ordering_constants(1) == DEFAULT_CONSTANTS
     True
     >>> ordering_constants(2).beta_serial == _EMULATED.beta_serial > 0
     True
     """
-    if num_workers == 1:
+    if checks.positive_int(num_workers, "num_workers") == 1:
         return DEFAULT_CONSTANTS
     return dataclasses.replace(
         DEFAULT_CONSTANTS, beta_serial=_EMULATED.beta_serial

@@ -102,13 +102,17 @@ def references(group: Group) -> list[str]:
     return out
 
 
-def _fastest(group: Group, wanted: Callable[[Result], bool]) -> str | None:
-    """The name of the fastest verified result that is `wanted`, by its
-    first rounds' time."""
+def _fastest(
+    group: Group,
+    wanted: Callable[[Result], bool],
+    seconds: Callable[[Result], float | None] = lambda r: r.time_seconds,
+) -> str | None:
+    """The name of the fastest verified result that is `wanted`, by
+    `seconds` (default: its first rounds' time)."""
     timed = [
-        (r.time_seconds, r.name)
+        (t, r.name)
         for r in group.results
-        if r.ok and r.time_seconds and wanted(r)
+        if r.ok and wanted(r) and (t := seconds(r))
     ]
     return min(timed)[1] if timed else None
 
@@ -143,15 +147,11 @@ def _ours_best_not_powersgd(group: Group) -> str | None:
     rounds' where re-timed): `references` has it re-timed, and a record
     made before it did must not score a first-round figure against
     confirmed ones."""
-    timed = [
-        (seconds, r.name)
-        for r in group.results
-        if r.family == "ours"
-        and r.ok
-        and POWERSGD not in r.name
-        and (seconds := group.time(r.name))
-    ]
-    return min(timed)[1] if timed else None
+    return _fastest(
+        group,
+        lambda r: r.family == "ours" and POWERSGD not in r.name,
+        lambda r: group.time(r.name),
+    )
 
 
 def _fastest_bf16(group: Group) -> str | None:

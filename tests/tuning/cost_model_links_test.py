@@ -123,10 +123,12 @@ INCAST, SERIAL, STEP = 4e-9, 3e-9, 2e-3
 MACHINE_CORES = 2
 
 
-def hand_worked_rows():
+def hand_worked_rows(rate=None):
     """Step times on p hosts of a 2-core machine (2/p cores each), made
-    from hand-worked counts: wire bytes at 1 Gbit/s, incast bytes, the
-    largest pack over the host's cores, a fixed step."""
+    from hand-worked counts: wire bytes at 1 Gbit/s (or `rate`, which
+    each measurement then names), incast bytes (their time scaled with
+    the wire's), the largest pack over the host's cores, a fixed step."""
+    slower = RATE / (rate or RATE)  # the wire's time per byte over 1 Gbit/s'
     rows = []
     for p in (2, 3, 4):
         cores = MACHINE_CORES / p
@@ -151,13 +153,15 @@ def hand_worked_rows():
         ]
         for config, grads, wire, incast, largest in cases:
             seconds = (
-                SECONDS_PER_WIRE_BYTE * wire
-                + INCAST * incast
+                SECONDS_PER_WIRE_BYTE * slower * wire
+                + INCAST * slower * incast
                 + SERIAL * largest / cores
                 + STEP
             )
             rows.append(
-                cost_model.Measurement(config, grads, 1, p, seconds, cores)
+                cost_model.Measurement(
+                    config, grads, 1, p, seconds, cores, rate
+                )
             )
     return rows
 
@@ -173,6 +177,46 @@ def test_fit_recovers_the_link_rate_of_hand_worked_steps():
     assert fitted.step == pytest.approx(STEP, rel=1e-6)
     for name in set(cost_model.FIELDS) - set(LINK_FIELDS):
         assert getattr(fitted, name) == 0.0
+
+
+def test_rows_at_another_rate_count_their_wire_bytes_at_the_fits_rate():
+    # At 10 Gbit/s a byte takes 0.8 ns on the wire: constants for 1 Gbit/s
+    # links fitted on them say 8 ns; the per-core and per-step terms are
+    # the same at any rate.
+    fast = hand_worked_rows(rate=10 * RATE)
+    fitted = cost_model.fit(fast, fields=LINK_FIELDS, link_rate=RATE)
+    assert fitted.beta_net == pytest.approx(8e-9, rel=1e-6)
+    assert fitted.beta_incast == pytest.approx(INCAST, rel=1e-6)
+    assert fitted.beta_serial == pytest.approx(SERIAL, rel=1e-6)
+    assert fitted.step == pytest.approx(STEP, rel=1e-6)
+    # Both rates together, for 10 Gbit/s links: 0.8 ns per byte.
+    both = cost_model.fit(
+        hand_worked_rows(rate=RATE) + fast,
+        fields=LINK_FIELDS,
+        link_rate=10 * RATE,
+    )
+    assert both.beta_net == pytest.approx(0.8e-9, rel=1e-6)
+    assert both.beta_incast == pytest.approx(INCAST / 10, rel=1e-6)
+    assert both.beta_serial == pytest.approx(SERIAL, rel=1e-6)
+    # Without the rates, the 10 Gbit/s rows' wire time would read as
+    # 1 Gbit/s': no set of constants fits both.
+    unnamed = [m._replace(link_rate=None) for m in hand_worked_rows()] + [
+        m._replace(link_rate=None) for m in fast
+    ]
+    blind = cost_model.fit(unnamed, fields=LINK_FIELDS)
+    assert 8 / blind.beta_net > 1.5 * RATE
+
+
+def test_fit_needs_the_rate_its_constants_are_for():
+    fast = hand_worked_rows(rate=10 * RATE)
+    with pytest.raises(
+        ValueError, match=r"link_rate: measurements\[0\] was made on links"
+    ):
+        cost_model.fit(fast, fields=LINK_FIELDS)
+    with pytest.raises(ValueError, match="link_rate"):
+        cost_model.fit(fast, fields=LINK_FIELDS, link_rate=0)
+    with pytest.raises(ValueError, match=r"measurements\[0\].link_rate"):
+        cost_model.fit([fast[0]._replace(link_rate=-1.0)], link_rate=RATE)
 
 
 def test_fit_recovers_the_link_rate_within_a_few_percent_with_noise():

@@ -384,6 +384,9 @@ class Measurement(NamedTuple):
     # Each worker's share of the cores (hosts with a CPU quota); None: the
     # constants absorb it (loopback workers sharing one machine).
     cores_per_worker: float | None = None
+    # The rate of the links between the hosts, bits/s each way, where it
+    # differs from the one `fit` fits for (its `link_rate`); None: that one.
+    link_rate: float | None = None
 
 
 # --- configurations -----------------------------------------------------
@@ -868,25 +871,36 @@ def fit(
     *,
     relative: bool = True,
     fields: Sequence[str] = LOOPBACK_FIELDS,
+    link_rate: float | None = None,
 ) -> Constants:
     """Fits `Constants` to measured steps by non-negative least squares.
 
     Args:
         measurements: `Measurement`s or tuples `(config, gradients,
-            devices_per_worker, num_workers, seconds[, cores_per_worker])`.
+            devices_per_worker, num_workers, seconds[, cores_per_worker[,
+            link_rate]])`.
         relative: minimise squared relative errors (each row divided by
             its seconds), so fast and slow steps weigh alike; else
             absolute errors.
         fields: the constants to fit (the others are 0): by default those
             loopback measurements tell apart (`LOOPBACK_FIELDS`); `FIELDS`
             for hosts on links of known rate.
+        link_rate: the link rate (bits/s each way) the constants are for,
+            where measurements on links of several rates are fitted
+            together: a measurement's own `link_rate` scales its wire
+            bytes (beta_net, beta_incast) by `link_rate / its rate`, as
+            `at_link_rate` moves the constants. Where one rate's wire
+            hides the cores' work, another's shows it: fitted together,
+            the per-core terms are resolved. None: every measurement is on
+            the same links (or none).
 
     Returns:
         The constants; a field no measurement exercises is 0.
 
     Raises:
-        ValueError: no measurements, a non-positive time, an unknown field,
-            or a config `predict` rejects.
+        ValueError: no measurements, a non-positive time or rate, an
+            unknown field, a config `predict` rejects, or a measurement's
+            `link_rate` without the fit's.
 
     >>> grads = [((1000,), "float32")] * 10
     >>> rows = [(("SpecAllReduce", {"all_reduce_spec": s, "num_packs": p}),
@@ -920,6 +934,22 @@ def fit(
             num_workers=m.num_workers,
         )
         counts = features(t, m.cores_per_worker)
+        if m.link_rate is not None:
+            if link_rate is None:
+                raise ValueError(
+                    f"link_rate: measurements[{i}] was made on links of "
+                    f"{m.link_rate:g} bits/s; pass the rate the constants "
+                    "are for"
+                )
+            scale = checks.positive_number(
+                link_rate, "link_rate"
+            ) / checks.positive_number(
+                m.link_rate, f"measurements[{i}].link_rate"
+            )
+            counts = tuple(
+                c * scale if name in _PER_WIRE_BYTE else c
+                for name, c in zip(FIELDS, counts, strict=True)
+            )
         rows.append([counts[j] for j in chosen])
         times.append(seconds)
     if not rows:

@@ -209,6 +209,32 @@ def test_compression_halves_float32_wire_bytes_only():
     assert bf16.ops > plain.ops and bf16.reduce_bytes > plain.reduce_bytes
 
 
+def test_a_scaled_codec_pays_four_passes_more_than_a_cast():
+    # 2^20 values across 2 workers, pscpu, one shard: worker 0 sends its
+    # 4 MiB of float32 (8 MiB of float64), cast each way (2 passes) for
+    # bf16 of float32; a scaled message adds its largest and smallest
+    # value and a multiply each way (6 passes).
+    kwargs = dict(devices_per_worker=1, num_workers=2)
+    extra = {}
+    for dtype, itemsize in (("float32", 4), ("float64", 8)):
+        grads = [((1 << 20,), dtype)]
+        plain = cost_model.traffic_of(spec("pscpu"), grads, **kwargs)
+        assert plain.net_bytes == pytest.approx(itemsize << 20)
+        for codec in ("bf16", "fp16"):
+            t = cost_model.traffic_of(
+                spec("pscpu", compression=codec), grads, **kwargs
+            )
+            assert t.net_bytes == pytest.approx(2 << 20)
+            passes = (t.reduce_bytes - plain.reduce_bytes) / (itemsize << 20)
+            extra[dtype, codec] = passes
+    assert extra == {
+        ("float32", "bf16"): pytest.approx(2),
+        ("float32", "fp16"): pytest.approx(6),
+        ("float64", "bf16"): pytest.approx(6),
+        ("float64", "fp16"): pytest.approx(6),
+    }
+
+
 @pytest.mark.parametrize(
     "name, workers, k, compressed",
     [

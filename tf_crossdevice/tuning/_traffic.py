@@ -108,12 +108,15 @@ class Traffic:
             mem_bytes=self.mem_bytes + num_bytes,
         )
 
-    def compressed(self, wire_ratio: float, cast_ops: int) -> Traffic:
+    def compressed(
+        self, wire_ratio: float, cast_ops: int, passes: int = 2
+    ) -> Traffic:
         """Every message cast to a 16-bit wire format and back.
 
         Wire bytes shrink by `wire_ratio` (2 / itemsize); each message costs
         `cast_ops` more ops (encode on the sender, decode on the receiver)
-        and two casts of its full-precision bytes, priced like a sum.
+        and `passes` elementwise passes over its full-precision bytes,
+        priced like a sum (a cast each way: 2).
         """
         messages = self.net_messages + self.mem_messages
         sent = self.net_bytes + self.mem_bytes
@@ -122,7 +125,7 @@ class Traffic:
             net_bytes=self.net_bytes * wire_ratio,
             incast_bytes=self.incast_bytes * wire_ratio,
             mem_bytes=self.mem_bytes * wire_ratio,
-            reduce_bytes=self.reduce_bytes + 2 * sent,
+            reduce_bytes=self.reduce_bytes + passes * sent,
             ops=self.ops + cast_ops * messages,
         )
 

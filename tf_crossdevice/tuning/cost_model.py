@@ -594,8 +594,11 @@ def _algorithm(alg: str, size: float, n: int, k: int, shards: int) -> Traffic:
 def _compress(t: Traffic, dtype: str, compression: str | None) -> Traffic:
     if compression is None or dtype not in COMPRESSIBLE:
         return t
-    cast_ops = 2 if compression == "bf16" else 4
-    return t.compressed(2 / ITEMSIZE[dtype], cast_ops)
+    if compression == "bf16" and dtype == "float32":
+        return t.compressed(2 / ITEMSIZE[dtype], cast_ops=2)
+    # A scaled message (every fp16 one, bf16 of float64): its largest and
+    # smallest value and a multiply before the cast, a multiply after it.
+    return t.compressed(2 / ITEMSIZE[dtype], cast_ops=4, passes=6)
 
 
 def _packed_traffic(

@@ -164,8 +164,9 @@ class Session:
         self.inputs: measure.Inputs | None = None
         self.calls: dict[str, Callable[[], Any]] = {}
         self.closers: list[Callable[[], None]] = []
-        # Entries chosen by a search: name -> (seconds it took, its choice).
-        self.searches: dict[str, tuple[float, str]] = {}
+        # Entries chosen by a search: name -> (seconds it took, its choice,
+        # its steps).
+        self.searches: dict[str, tuple[float, str, tuple[str, ...]]] = {}
 
     def handle(self, command: dict[str, Any]) -> dict[str, Any]:
         cmd = command["cmd"]
@@ -190,12 +191,13 @@ class Session:
             if call is not None:
                 self.calls[name] = call
             if name in self.searches:
-                seconds, chosen = self.searches.pop(name)
+                seconds, chosen, steps = self.searches.pop(name)
                 prepared = dataclasses.replace(
                     prepared,
                     build_seconds=prepared.build_seconds - seconds,
                     search_seconds=seconds,
                     chosen=chosen,
+                    search=steps,
                 )
             return dataclasses.asdict(prepared)
         if cmd == "time":
@@ -311,13 +313,38 @@ class InGraph(Session):
         result = ops.autotune_result
         # Its choice by the name of the same candidate here, if there is one.
         chosen = candidates_lib.name_of(result.config) or result.label
-        self.searches[name] = (time.monotonic() - start, chosen)
+        self.searches[name] = (
+            time.monotonic() - start,
+            chosen,
+            _search_steps(result),
+        )
         return _step(
             measure.all_reduce_body(ops, inputs),
             inputs.check_for(
                 result.config[1].get("compression"), self.num_workers
             ),
         )
+
+
+def _search_steps(result: Any) -> tuple[str, ...]:
+    """autotune's measurements as lines: where its search's time went."""
+    steps = []
+    for m in result.measurements:
+        if m.verified is None:
+            steps.append(f"{m.label}: not built ({m.error})")
+            continue
+        timed = (
+            f"median {m.median_seconds * 1e3:.1f} ms"
+            f" (+{m.confirmation_rounds} confirmation rounds)"
+            if m.median_seconds is not None
+            else f"no time ({m.error})"
+        )
+        steps.append(f"{m.label}: built in {m.build_seconds:.1f} s, {timed}")
+    steps.append(
+        f"its own clock: {result.elapsed_seconds:.1f} s of a "
+        f"{result.budget_seconds:g} s budget"
+    )
+    return tuple(steps)
 
 
 def _copy_step(variable: tf.Variable, device: str) -> Built:

@@ -184,6 +184,11 @@ def test_quick_run_multi_worker_group_times_the_16_bit_bounds_and_autotune(
         ("ours MultiWorkerAllReduce ", "MultiWorkerAllReduce ")
     )
     assert chosen.timing.search_seconds > 0
+    # Its steps: a line per candidate it had, then its own clock.
+    *steps, clock = chosen.timing.search
+    assert steps and all(": " in line for line in steps)
+    assert any(" s, median " in line for line in steps)
+    assert clock.startswith("its own clock: ")
 
 
 @pytest.mark.slow

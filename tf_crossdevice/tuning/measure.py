@@ -445,6 +445,9 @@ class Prepared:
         search_seconds: for an entry chosen by a search (autotune), how
             long the search took, before the build.
         chosen: for such an entry, what the search chose.
+        search: for such an entry, one line per step of the search (each
+            candidate's build and time, or why it has none): where its
+            time went.
     """
 
     verified: bool | None
@@ -453,6 +456,7 @@ class Prepared:
     build_seconds: float
     search_seconds: float | None = None
     chosen: str | None = None
+    search: tuple[str, ...] | None = None
 
 
 def prepare(
@@ -573,7 +577,7 @@ class Timing:
         samples: seconds per call, one per round, in round order.
         median_seconds, q25_seconds, q75_seconds: of the samples (None
             without samples).
-        search_seconds, chosen: see `Prepared`.
+        search_seconds, chosen, search: see `Prepared`.
     """
 
     name: str
@@ -587,6 +591,7 @@ class Timing:
     q75_seconds: float | None
     search_seconds: float | None = None
     chosen: str | None = None
+    search: tuple[str, ...] | None = None
 
     @classmethod
     def of(
@@ -621,6 +626,7 @@ class Timing:
             q75_seconds=q75,
             search_seconds=prepared.search_seconds,
             chosen=prepared.chosen,
+            search=prepared.search,
         )
 
 

@@ -2,6 +2,7 @@
 benchmark runs from what the model's form cannot express."""
 
 import dataclasses
+import itertools
 import pathlib
 
 import pytest
@@ -91,8 +92,9 @@ def test_report_tables_the_scopes():
 
 
 def _link_rows(constants, rates) -> list[cost_fit.Row]:
-    """Measurements the model itself would make at each link rate: pscpu
-    and xring across 2 and 4 hosts of one core each."""
+    """Measurements the model itself would make at each link rate: pscpu,
+    xring and rechd, apart and in one pack, across 2, 3 and 4 hosts of
+    one core each: 18 per rate."""
     rows = []
     for rate, link in rates:
         # The wire's per-byte terms by hand: a tenth at ten times the rate.
@@ -101,27 +103,29 @@ def _link_rows(constants, rates) -> list[cost_fit.Row]:
             beta_net=constants.beta_net * 1e9 / rate,
             beta_incast=constants.beta_incast * 1e9 / rate,
         )
-        for workers in (2, 4):
-            for spec in ("xring", "pscpu"):
-                config = ("MultiWorkerAllReduce", {"all_reduce_spec": spec})
-                seconds = cost_model.predict(
-                    config,
-                    GRADS,
-                    devices_per_worker=1,
-                    num_workers=workers,
-                    constants=at_rate,
-                    cores_per_worker=1.0,
+        for workers, spec, packs in itertools.product(
+            (2, 3, 4), ("xring", "pscpu", "rechd"), (0, 1)
+        ):
+            kwargs = {"all_reduce_spec": spec, "num_packs": packs}
+            config = ("MultiWorkerAllReduce", kwargs)
+            seconds = cost_model.predict(
+                config,
+                GRADS,
+                devices_per_worker=1,
+                num_workers=workers,
+                constants=at_rate,
+                cores_per_worker=1.0,
+            )
+            rows.append(
+                cost_fit.Row(
+                    f"r: small, {workers} hosts at {link} x 1",
+                    f"{spec} num_packs=1" if packs else spec,
+                    cost_model.Measurement(
+                        config, GRADS, 1, workers, seconds, 1.0, rate
+                    ),
+                    link_rate=link,
                 )
-                rows.append(
-                    cost_fit.Row(
-                        f"r: small, {workers} hosts at {link} x 1",
-                        spec,
-                        cost_model.Measurement(
-                            config, GRADS, 1, workers, seconds, 1.0
-                        ),
-                        link_rate=link,
-                    )
-                )
+            )
     return rows
 
 
@@ -137,7 +141,7 @@ def test_held_out_rate_moves_only_the_wire_terms():
     rows = _link_rows(constants, [(1e9, "1gbit"), (10e9, "10gbit")])
     ((rate, test),) = cost_fit.held_out_by_rate(rows, 1e9, constants)
     assert rate == 10e9
-    assert len(test) == 4
+    assert len(test) == 18
     for row in test:
         assert row.ratio == pytest.approx(1.0)
     fast, slow = (
@@ -156,6 +160,32 @@ def test_held_out_rate_moves_only_the_wire_terms():
     # Unmoved constants would predict the fast links as slow ones.
     cost_fit.predict_rows(test, constants)
     assert all(r.ratio > 1.0 for r in test)
+
+
+def test_one_fit_for_every_rate_scales_each_rows_wire_bytes():
+    # Steps the model makes at 1 and 10 Gbit/s, wire terms moved by hand:
+    # fitted together for 1 Gbit/s links they are the same constants, so
+    # every row is within 20%; read as if all were at 1 Gbit/s, the fast
+    # rows' short wire times pull the fit off both.
+    constants = dataclasses.replace(
+        BASE, beta_net=8e-9, beta_incast=0.0, beta_serial=0.0
+    )
+    rows = _link_rows(constants, [(1e9, "1gbit"), (10e9, "10gbit")])
+    assert cost_fit.one_fit_for_every_rate(rows, 1e9) == [
+        (1e9, 18, 18),
+        (10e9, 18, 18),
+    ]
+    assert rows[0].predicted == 0.0  # the rows given are left alone
+    blind = [
+        dataclasses.replace(
+            r, measurement=r.measurement._replace(link_rate=None)
+        )
+        for r in rows
+    ]
+    ((_, n_slow, slow), (_, n_fast, fast)) = cost_fit.one_fit_for_every_rate(
+        blind, 1e9
+    )
+    assert slow + fast < n_slow + n_fast
 
 
 # --- emulated hosts: the shipped records ----------------------------------
@@ -178,7 +208,7 @@ def test_emulated_rows_are_read_apart_from_loopback_ones():
     for r in rows:
         m = r.measurement
         assert m.cores_per_worker == pytest.approx(2 / m.num_workers)
-        assert r.link_rate == "1gbit"
+        assert r.link_rate == "1gbit" and m.link_rate == SHAPED_RATE
     assert cost_fit.read_rows(HOST_RECORDS) == []
 
 
@@ -194,13 +224,16 @@ def test_model_bytes_match_what_each_hosts_link_carried():
 def test_fit_on_emulated_hosts_recovers_the_shaped_link_rate():
     rows = _host_rows()
     overhead = cost_fit.wire_overhead(rows) * cost_fit.FRAME_OVERHEAD
-    rate = cost_fit.recovered_rate(cost_fit.fit_link(rows), overhead)
+    rate = cost_fit.recovered_rate(
+        cost_fit.fit_link(rows, SHAPED_RATE), overhead
+    )
     assert abs(rate / SHAPED_RATE - 1) <= 0.10, rate
 
 
 def test_fitted_on_2_and_3_hosts_predicts_every_candidate_at_4():
     held_out = {
-        h: test for _, h, test in cost_fit.held_out_by_hosts(_host_rows())
+        h: test
+        for _, h, test in cost_fit.held_out_by_hosts(_host_rows(), SHAPED_RATE)
     }
     assert len(held_out[4]) == 12
     misses = [
@@ -213,7 +246,8 @@ def test_fitted_on_2_and_3_hosts_predicts_every_candidate_at_4():
 
 def test_fitted_on_2_and_4_hosts_predicts_every_candidate_at_3():
     held_out = {
-        h: test for _, h, test in cost_fit.held_out_by_hosts(_host_rows())
+        h: test
+        for _, h, test in cost_fit.held_out_by_hosts(_host_rows(), SHAPED_RATE)
     }
     misses = [
         (r.candidate, round(r.ratio, 2))
@@ -224,7 +258,7 @@ def test_fitted_on_2_and_4_hosts_predicts_every_candidate_at_3():
 
 
 def test_shipped_link_constants_are_the_fit_of_the_shipped_records():
-    fitted = cost_fit.fit_link(_host_rows())
+    fitted = cost_fit.fit_link(_host_rows(), SHAPED_RATE)
     shipped = cost_model.constants_for_link(SHAPED_RATE)
     for name in cost_model.FIELDS:
         assert getattr(shipped, name) == pytest.approx(

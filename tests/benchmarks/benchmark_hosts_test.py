@@ -237,6 +237,27 @@ def test_wire_targets_on_a_hand_made_group():
     assert not any("TCP loopback" in n or "MWMS default" in n for n in by_name)
 
 
+def test_bert_bases_gradients_have_the_same_wire_targets():
+    group = _targets_group()
+    group.workload = "bert_base"
+    found = targets.evaluate([group])
+    by_name = {t.name.rsplit(": ", 1)[1]: t for t in found}
+    assert by_name["bf16 vs the same uncompressed"].measured == (
+        pytest.approx(1.11 / 0.55)
+    )
+    assert by_name["ours best vs TF best"].threshold == 1.8
+    # The whole set, not a subset standing in for it.
+    assert not any(t.stand_in for t in found)
+    # A subset's speed targets are marked (its bytes are counted alike).
+    group.workload = "resnet50[100]"
+    speed = [
+        t
+        for t in targets.evaluate([group])
+        if "bytes each host" not in t.name and "autotune" not in t.name
+    ]
+    assert len(speed) == 4 and all(t.stand_in for t in speed)
+
+
 PSGD = "ours MultiWorkerAllReduce xring compression=powersgd rank=4"
 
 

@@ -213,8 +213,9 @@ def test_fit_needs_the_rate_its_constants_are_for():
         ValueError, match=r"link_rate: measurements\[0\] was made on links"
     ):
         cost_model.fit(fast, fields=LINK_FIELDS)
-    with pytest.raises(ValueError, match="link_rate"):
-        cost_model.fit(fast, fields=LINK_FIELDS, link_rate=0)
+    for rows in (fast, hand_worked_rows()):
+        with pytest.raises(ValueError, match="link_rate: expected"):
+            cost_model.fit(rows, fields=LINK_FIELDS, link_rate=0)
     with pytest.raises(ValueError, match=r"measurements\[0\].link_rate"):
         cost_model.fit([fast[0]._replace(link_rate=-1.0)], link_rate=RATE)
 

@@ -233,6 +233,18 @@ def test_a_scaled_codec_pays_four_passes_more_than_a_cast():
         ("float64", "bf16"): pytest.approx(6),
         ("float64", "fp16"): pytest.approx(6),
     }
+    # A collective group of 2 gathers both 16-bit messages: each member
+    # encodes its pack once and decodes 2 messages, and sums 1 into the
+    # other: 1 + 2 + 1 = 4 passes of the pack; scaled, 4 + 2 x 2 + 1 = 9.
+    grads = [((1 << 20,), "float32")]
+    gathered = {
+        codec: cost_model.traffic_of(
+            ("CollectiveAllReduce", {"compression": codec}), grads, **kwargs
+        )
+        for codec in ("bf16", "fp16")
+    }
+    more = gathered["fp16"].reduce_bytes - gathered["bf16"].reduce_bytes
+    assert more == pytest.approx(5 * (4 << 20))
 
 
 @pytest.mark.parametrize(

@@ -189,7 +189,7 @@ def ring(
 
 @functools.lru_cache(maxsize=65536)
 def compressed_gather(
-    size: float, n: int, k: int, wire_ratio: float
+    size: float, n: int, k: int, wire_ratio: float, scaled: bool = False
 ) -> Traffic:
     """A collective group's compressed all-reduce of one pack.
 
@@ -198,7 +198,9 @@ def compressed_gather(
     every member's message to every member, and each member decodes the
     `n` messages and sums them: per member `(n-1) * wire_ratio * size`
     bytes sent, `(n-1) * size` bytes summed and `(n+1) * size` bytes cast
-    (encode once, decode n times; priced like sums).
+    (encode once, decode n times; priced like sums). A `scaled` codec
+    (fp16, and bf16 of float64) encodes in 4 passes (largest and smallest
+    value, multiply, cast) and decodes in 2 (cast, multiply).
 
     >>> t = compressed_gather(size=800, n=2, k=1, wire_ratio=0.5)
     >>> t.net_messages, t.net_bytes, t.reduce_bytes
@@ -206,7 +208,9 @@ def compressed_gather(
     """
     workers = _check(n, k)
     sent = (n - 1) * wire_ratio * size
-    per_member = Traffic(reduce_bytes=2.0 * n * size, ops=n + 2)
+    encode, decode = (4, 2) if scaled else (1, 1)
+    passes = (n - 1) + encode + decode * n
+    per_member = Traffic(reduce_bytes=passes * size, ops=n + 2)
     t = per_member.scaled(k)
     if workers == 1:
         return t.send(k * (n - 1), k * sent, network=False)

@@ -50,10 +50,11 @@ cost per all-reduce step. The counts come from
   algorithm by its bytes.
 - compression ('bf16', 'fp16') halves float32 wire bytes (quarters
   float64), and costs a cast at each end of every message, priced like a
-  sum; 'fp16' adds a scale (two more ops). The collectives compress only
-  groups of 2 or 3 members, by one all-gather of the 16-bit messages that
-  every member decodes and sums (`traffic.compressed_gather`); larger groups
-  all-reduce exactly.
+  sum; a scaled message ('fp16', and 'bf16' of float64) also finds its
+  largest and smallest value and multiplies at each end: 6 passes, not 2.
+  The collectives compress only groups of 2 or 3 members, by one
+  all-gather of the 16-bit messages that every member decodes and sums
+  (`traffic.compressed_gather`); larger groups all-reduce exactly.
 
 A worker's devices share its CPU thread pool, so their counts add; workers
 run in parallel, so a step costs the busiest worker's time. The per-op
@@ -384,8 +385,8 @@ class Measurement(NamedTuple):
     # Each worker's share of the cores (hosts with a CPU quota); None: the
     # constants absorb it (loopback workers sharing one machine).
     cores_per_worker: float | None = None
-    # The rate of the links between the hosts, bits/s each way, where it
-    # differs from the one `fit` fits for (its `link_rate`); None: that one.
+    # The rate of the links between the hosts, bits/s each way, for `fit`
+    # to scale its wire bytes to the rate it fits for; None: that rate.
     link_rate: float | None = None
 
 
@@ -591,13 +592,20 @@ def _algorithm(alg: str, size: float, n: int, k: int, shards: int) -> Traffic:
     )
 
 
+def _scaled(dtype: str, compression: str | None) -> bool:
+    """Whether the codec scales each message into its range (the codec's
+    own rule: bfloat16 has float32's exponent range, half and float64
+    need a scale)."""
+    return compression == "fp16" or dtype == "float64"
+
+
 def _compress(t: Traffic, dtype: str, compression: str | None) -> Traffic:
     if compression is None or dtype not in COMPRESSIBLE:
         return t
-    if compression == "bf16" and dtype == "float32":
+    if not _scaled(dtype, compression):
         return t.compressed(2 / ITEMSIZE[dtype], cast_ops=2)
-    # A scaled message (every fp16 one, bf16 of float64): its largest and
-    # smallest value and a multiply before the cast, a multiply after it.
+    # Its largest and smallest value and a multiply before the cast, a
+    # multiply after it.
     return t.compressed(2 / ITEMSIZE[dtype], cast_ops=4, passes=6)
 
 
@@ -673,9 +681,11 @@ def _collective_traffic(
             t += traffic.one_device(size, k, k)
         if gathered:
             ratio = 2 / ITEMSIZE[dtype]
-            extra = 0 if compression == "bf16" else 2 * group  # fp16 scales
-            t += traffic.compressed_gather(size, group, members_here, ratio)
-            t += Traffic(ops=extra)
+            scaled = _scaled(dtype, compression)
+            t += traffic.compressed_gather(
+                size, group, members_here, ratio, scaled
+            )
+            t += Traffic(ops=2 * group if scaled else 0)
         else:
             t += traffic.ring(size, group, members_here, 1, 0, 1, 1)
         total += t + launched
@@ -926,6 +936,8 @@ def fit(
                 f"{', '.join(FIELDS)}"
             )
         chosen.append(FIELDS.index(field))
+    if link_rate is not None:
+        link_rate = checks.positive_number(link_rate, "link_rate")
     rows, times = [], []
     for i, m in enumerate(measurements):
         m = Measurement(*m)
@@ -941,16 +953,14 @@ def fit(
             if link_rate is None:
                 raise ValueError(
                     f"link_rate: measurements[{i}] was made on links of "
-                    f"{m.link_rate:g} bits/s; pass the rate the constants "
+                    f"{m.link_rate!r} bits/s; pass the rate the constants "
                     "are for"
                 )
-            scale = checks.positive_number(
-                link_rate, "link_rate"
-            ) / checks.positive_number(
+            slower = link_rate / checks.positive_number(
                 m.link_rate, f"measurements[{i}].link_rate"
             )
             counts = tuple(
-                c * scale if name in _PER_WIRE_BYTE else c
+                c * slower if name in _PER_WIRE_BYTE else c
                 for name, c in zip(FIELDS, counts, strict=True)
             )
         rows.append([counts[j] for j in chosen])

@@ -239,7 +239,8 @@ def predict_rows(
 ) -> None:
     """Sets each row's prediction by `constants`; with `link_rate` (the
     rate they were fitted for), moved to each row's own link rate
-    (`cost_model.at_link_rate`)."""
+    (`cost_model.at_link_rate`; a row without one is at `link_rate`, as
+    `cost_model.fit` reads it)."""
     for row in rows:
         m = row.measurement
         at_rate = constants

@@ -339,7 +339,14 @@ def _search_steps(result: Any) -> tuple[str, ...]:
             if m.median_seconds is not None
             else f"no time ({m.error})"
         )
-        steps.append(f"{m.label}: built in {m.build_seconds:.1f} s, {timed}")
+        predicted = (
+            ""
+            if m.predicted_seconds is None
+            else f", {m.predicted_seconds * 1e3:.1f} ms predicted"
+        )
+        steps.append(
+            f"{m.label}: built in {m.build_seconds:.1f} s, {timed}{predicted}"
+        )
     steps.append(
         f"its own clock: {result.elapsed_seconds:.1f} s of a "
         f"{result.budget_seconds:g} s budget"

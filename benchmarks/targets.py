@@ -188,7 +188,7 @@ def evaluate(groups: Sequence[Group]) -> list[Target]:
     for g in groups:
         out += _autotune_targets(g)
         base = re.sub(r"\[.*\]$", "", g.workload)
-        # A subset ('resnet50[100]') stands in for its full set.
+        # A subset ('resnet50[:100]') stands in for its full set.
         stand_in = g.workload != base
         if g.link_rate is not None:
             out += wire_targets(g, base, stand_in)

@@ -249,7 +249,7 @@ def test_bert_bases_gradients_have_the_same_wire_targets():
     # The whole set, not a subset standing in for it.
     assert not any(t.stand_in for t in found)
     # A subset's speed targets are marked (its bytes are counted alike).
-    group.workload = "resnet50[100]"
+    group.workload = "resnet50[:100]"
     speed = [
         t
         for t in targets.evaluate([group])

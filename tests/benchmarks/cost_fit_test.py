@@ -165,8 +165,8 @@ def test_held_out_rate_moves_only_the_wire_terms():
 def test_one_fit_for_every_rate_scales_each_rows_wire_bytes():
     # Steps the model makes at 1 and 10 Gbit/s, wire terms moved by hand:
     # fitted together for 1 Gbit/s links they are the same constants, so
-    # every row is within 20%; read as if all were at 1 Gbit/s, the fast
-    # rows' short wire times pull the fit off both.
+    # every row is within 20%; read as if all were at 1 Gbit/s, no set of
+    # constants fits both rates, and the fit leaves slow rows outside.
     constants = dataclasses.replace(
         BASE, beta_net=8e-9, beta_incast=0.0, beta_serial=0.0
     )
@@ -182,10 +182,8 @@ def test_one_fit_for_every_rate_scales_each_rows_wire_bytes():
         )
         for r in rows
     ]
-    ((_, n_slow, slow), (_, n_fast, fast)) = cost_fit.one_fit_for_every_rate(
-        blind, 1e9
-    )
-    assert slow + fast < n_slow + n_fast
+    ((_, n_slow, slow), _) = cost_fit.one_fit_for_every_rate(blind, 1e9)
+    assert slow < n_slow - 4
 
 
 # --- emulated hosts: the shipped records ----------------------------------

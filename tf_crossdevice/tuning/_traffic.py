@@ -210,7 +210,7 @@ def compressed_gather(
     sent = (n - 1) * wire_ratio * size
     encode, decode = (4, 2) if scaled else (1, 1)
     passes = (n - 1) + encode + decode * n
-    per_member = Traffic(reduce_bytes=passes * size, ops=n + 2)
+    per_member = Traffic(reduce_bytes=float(passes * size), ops=n + 2)
     t = per_member.scaled(k)
     if workers == 1:
         return t.send(k * (n - 1), k * sent, network=False)

@@ -652,6 +652,15 @@ def held_out_by_rate(
     return out
 
 
+def _held_out_within(rows: Sequence[Row]) -> int:
+    """How many of `rows` are predicted within HELD_OUT_TOLERANCE."""
+    return sum(abs(r.ratio - 1) <= HELD_OUT_TOLERANCE for r in rows)
+
+
+def _worst(rows: Sequence[Row]) -> Row:
+    return max(rows, key=lambda r: abs(r.ratio - 1))
+
+
 def one_fit_for_every_rate(
     rows: Sequence[Row], link_rate: float
 ) -> list[tuple[float, int, int]]:
@@ -664,8 +673,7 @@ def one_fit_for_every_rate(
     out = []
     for rate in sorted({rate_of(r) for r in fitted}):
         at_rate = [r for r in fitted if rate_of(r) == rate]
-        within = sum(abs(r.ratio - 1) <= HELD_OUT_TOLERANCE for r in at_rate)
-        out.append((rate, len(at_rate), within))
+        out.append((rate, len(at_rate), _held_out_within(at_rate)))
     return out
 
 
@@ -903,8 +911,7 @@ def hosts_report(
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for others, h, test in held_out:
-        worst = max(test, key=lambda r: abs(r.ratio - 1))
-        within = sum(abs(r.ratio - 1) <= HELD_OUT_TOLERANCE for r in test)
+        worst, within = _worst(test), _held_out_within(test)
         train = [r for r in rows if r.measurement.num_workers != h]
         fitted_rate = recovered_rate(
             fit_link(train, rate), overhead * FRAME_OVERHEAD
@@ -974,8 +981,7 @@ def hosts_report(
             "| --- | --- | --- | --- | --- |",
         ]
         for held_rate, test in held_out_rates:
-            worst = max(test, key=lambda r: abs(r.ratio - 1))
-            within = sum(abs(r.ratio - 1) <= HELD_OUT_TOLERANCE for r in test)
+            worst, within = _worst(test), _held_out_within(test)
             lines.append(
                 f"| {held_rate / 1e9:g} Gbit/s | {len(test)} | {within} | "
                 f"{worst.ratio:.2f} | {worst.candidate} "

@@ -285,6 +285,15 @@ _EMULATED = Constants(
 _PER_WIRE_BYTE = ("beta_net", "beta_incast")
 
 
+def _wire_scaled(values: Sequence[float], factor: float) -> tuple[float, ...]:
+    """`values`, one per field of `Constants` (constants or their counts),
+    with the wire's per-byte ones multiplied by `factor`."""
+    return tuple(
+        v * factor if name in _PER_WIRE_BYTE else v
+        for name, v in zip(FIELDS, values, strict=True)
+    )
+
+
 def constants_for_link(rate_bits_per_s: float) -> Constants:
     """Constants for hosts joined by links of `rate_bits_per_s`.
 
@@ -338,10 +347,8 @@ def at_link_rate(
     """
     fitted = checks.positive_number(fitted_rate, "fitted_rate")
     rate = checks.positive_number(rate_bits_per_s, "rate_bits_per_s")
-    scale = fitted / rate
-    return dataclasses.replace(
-        constants,
-        **{name: getattr(constants, name) * scale for name in _PER_WIRE_BYTE},
+    return Constants(
+        *_wire_scaled(dataclasses.astuple(constants), fitted / rate)
     )
 
 
@@ -959,10 +966,7 @@ def fit(
             slower = link_rate / checks.positive_number(
                 m.link_rate, f"measurements[{i}].link_rate"
             )
-            counts = tuple(
-                c * slower if name in _PER_WIRE_BYTE else c
-                for name, c in zip(FIELDS, counts, strict=True)
-            )
+            counts = _wire_scaled(counts, slower)
         rows.append([counts[j] for j in chosen])
         times.append(seconds)
     if not rows:

@@ -7,6 +7,8 @@ one tensor of S bytes on p workers with one device each.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -117,6 +119,58 @@ def test_serial_bytes_are_the_largest_pack(config, grads, workers, expected):
     assert t.serial_bytes == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    "config, grads, workers, expected",
+    [
+        # One shard at 2 workers: the owner receives S in the gather and
+        # sends S in the broadcast, sending and receiving nothing else.
+        (mwar("pscpu"), ONE_TENSOR, 2, S),
+        # Two shards at 2 workers: each gathers S/2 while sending S/2.
+        (mwar(("pscpu/pscpu", 2, -1)), ONE_TENSOR, 2, 0.0),
+        # Two shards at 4 workers: worker 0 receives 3 x S/2 of its shard
+        # while sending S/2 of the other: |1.5 S - 0.5 S|.
+        (mwar(("pscpu/pscpu", 2, -1)), ONE_TENSOR, 4, S),
+        (mwar(("pscpu/pscpu", 2, -1)), ONE_TENSOR, 3, S / 2),
+        (mwar("pscpu", compression="bf16"), ONE_TENSOR, 2, S / 2),
+        # The root receives S from each of p - 1 workers, then sends; the
+        # larger of two tensors counts, not their sum.
+        (("tf.ReductionToOneDevice", {}), ONE_TENSOR, 4, 3 * S),
+        (("tf.ReductionToOneDevice", {}), TWO_HALVES, 3, S),
+        (mwar("pscpu"), TWO_HALVES, 2, S / 2),
+        # Rings send and receive at once.
+        (mwar("xring"), ONE_TENSOR, 4, 0.0),
+        (("tf.MultiWorkerMirroredStrategy", {}), ONE_TENSOR, 4, 0.0),
+    ],
+)
+def test_one_way_bytes_are_the_largest_packs_idle_direction(
+    config, grads, workers, expected
+):
+    t = traffic(config, workers, grads=grads)
+    assert t.one_way_bytes == pytest.approx(expected)
+
+
+def test_a_link_used_one_way_at_a_time_is_priced_as_both_ways():
+    # One shard at 2 hosts: the gather, then the broadcast, S each, on a
+    # link that could carry both at once: 2 S on the wire, against S for
+    # two shards.
+    wire_only = dataclasses.replace(
+        cost_model.Constants(*(0.0,) * 8),
+        beta_net=8e-9,  # 1 Gbit/s
+    )
+
+    def seconds(config):
+        return cost_model.predict(
+            config,
+            ONE_TENSOR,
+            devices_per_worker=1,
+            num_workers=2,
+            constants=wire_only,
+        )
+
+    assert seconds(mwar("pscpu")) == pytest.approx(2 * S * 8e-9)
+    assert seconds(mwar(("pscpu/pscpu", 2, -1))) == pytest.approx(S * 8e-9)
+
+
 RATE = 1e9  # bits/s
 SECONDS_PER_WIRE_BYTE = 8 / RATE
 INCAST, SERIAL, STEP = 4e-9, 3e-9, 2e-3
@@ -133,20 +187,21 @@ def hand_worked_rows(rate=None):
     for p in (2, 3, 4):
         cores = MACHINE_CORES / p
         cases = [
-            # (config, grads, wire bytes, incast bytes, largest pack)
+            # (config, grads, wire bytes: each way plus one way at a time,
+            # incast bytes, largest pack)
             (mwar("xring", num_packs=1), ONE_TENSOR, 2 * (p - 1) / p * S, 0, S),
             (mwar("xring"), TWO_HALVES, 2 * (p - 1) / p * S, 0, S / 2),
             (
                 mwar(("pscpu/pscpu", 2, -1)),
                 ONE_TENSOR,
-                {2: S, 3: 1.5 * S, 4: 2 * S}[p],
+                {2: S, 3: 1.5 * S + S / 2, 4: 2 * S + S}[p],
                 {2: 0, 3: S / 2, 4: S}[p],
                 S,
             ),
             (
                 ("tf.ReductionToOneDevice", {}),
                 ONE_TENSOR,
-                (p - 1) * S,
+                (p - 1) * S + (p - 1) * S,
                 (p - 2) * S,
                 S,
             ),

@@ -37,6 +37,17 @@ Conventions, shared by every function here:
   processing stays on the critical path. A pack that a group of n
   all-gathers compressed counts n times its size: every member decodes
   the n messages to full precision and sums them after the gather.
+- `one_way_bytes` is what the busiest worker's link carries of the
+  largest pack in one direction while the other direction has nothing of
+  that pack to carry: a root or shard owner receives in the gather and
+  sends in the broadcast, so unless it also sends other shards in the
+  gather (and receives them in the broadcast) its link works one way at
+  a time. In each of the two phases the link carries `max(a, b)` (`a` the
+  owned shards' bytes, `b` the others'), `2 max(a, b) = a + b + |a - b|`
+  in all: `|a - b|` beyond `net_bytes`. Other packs' transfers can fill
+  the idle direction, so only the largest pack's count stays (set by
+  `cost_model.traffic_of`, as `serial_bytes`); rings, halving-doubling
+  and all-gathers send and receive at once and count none.
 - `reduce_bytes` counts bytes summed: adding two `b`-byte tensors reduces
   `b` bytes, an `add_n` of `m` of them `(m - 1) b`.
 - `ops` counts graph ops the worker runs besides the transfers (a transfer
@@ -76,6 +87,7 @@ class Traffic:
     collectives: float = 0.0  # collective all-reduce ops launched
     incast_bytes: float = 0.0  # received from several senders at once
     serial_bytes: float = 0.0  # the largest pack (see the module docstring)
+    one_way_bytes: float = 0.0  # the largest pack's, one direction at a time
 
     def __add__(self, other: Traffic) -> Traffic:
         return Traffic(
@@ -124,6 +136,7 @@ class Traffic:
             self,
             net_bytes=self.net_bytes * wire_ratio,
             incast_bytes=self.incast_bytes * wire_ratio,
+            one_way_bytes=self.one_way_bytes * wire_ratio,
             mem_bytes=self.mem_bytes * wire_ratio,
             reduce_bytes=self.reduce_bytes + passes * sent,
             ops=self.ops + cast_ops * messages,
@@ -286,6 +299,9 @@ def shuffle(
         copy_bytes=k * (size if split else 0),
         ops=k * (2 + (2 if split else 0)),
     )
+    # Bytes worker 0 receives in the gather and sends in the broadcast
+    # (its shards), and those it sends in the gather and receives back.
+    owned = others = 0.0
     for j in range(shards):
         owner_device = (j % workers) * k if per_worker else j % n
         owner_worker = owner_device // k
@@ -300,19 +316,27 @@ def shuffle(
             t += Traffic(
                 reduce_bytes=(n - 1) * piece, ops=1, incast_bytes=gathered
             )
+            owned += (n - k) * piece
         else:
             t = t.send(k, k * piece, network=True)
-    return t
+            others += k * piece
+    return dataclasses.replace(t, one_way_bytes=abs(owned - others))
 
 
 @functools.lru_cache(maxsize=65536)
 def one_device(size: float, n: int, k: int) -> Traffic:
     """Reduction to one device (device 0): `n - 1` messages in, an
-    `add_n`, `n - 1` messages out; all on worker 0."""
+    `add_n`, `n - 1` messages out; all on worker 0, whose link receives
+    the gather and then sends the broadcast (one way at a time)."""
     workers = _check(n, k)
     # Every other worker sends its tensors to the root at once.
     gathered = incast((n - k) * size, workers - 1)
-    t = Traffic(reduce_bytes=(n - 1) * size, ops=1 + k, incast_bytes=gathered)
+    t = Traffic(
+        reduce_bytes=(n - 1) * size,
+        ops=1 + k,
+        incast_bytes=gathered,
+        one_way_bytes=(n - k) * size,
+    )
     t = t.send(2 * (k - 1), 2 * (k - 1) * size, network=False)
     return t.send(n - k, (n - k) * size, network=True)
 
@@ -372,7 +396,7 @@ def pack_traffic(
     (a copy). One member is only reshaped.
 
     >>> pack_traffic([4.0, 8.0], num_packs=1, devices=2)
-    Traffic(net_messages=0.0, net_bytes=0.0, mem_messages=0.0, mem_bytes=0.0, copy_bytes=24.0, reduce_bytes=0.0, ops=12, collectives=0.0, incast_bytes=0.0, serial_bytes=0.0)
+    Traffic(net_messages=0.0, net_bytes=0.0, mem_messages=0.0, mem_bytes=0.0, copy_bytes=24.0, reduce_bytes=0.0, ops=12, collectives=0.0, incast_bytes=0.0, serial_bytes=0.0, one_way_bytes=0.0)
     """  # noqa: E501
     m = len(member_bytes)
     size = math.fsum(member_bytes)

@@ -39,7 +39,10 @@ cost per all-reduce step. The counts come from
   `n` more bytes each way (`(2 log2 p' + 1)` messages on a partner).
 - shuffle ("pscpu", "psgpu"): every device sends each shard to its owner,
   the owner sums `p` copies and broadcasts the sum: `2(p-1)` messages of
-  the shard on the owner, a gather then a broadcast.
+  the shard on the owner, a gather then a broadcast. A root, or an owner
+  of more shards than it sends away, uses its link one way at a time:
+  the largest pack's bytes that go one way count again in the network
+  bytes (`Traffic.one_way_bytes`).
 - hierarchical copy and reduction to one device: `2(p-1)` whole-tensor
   messages through one or two roots.
 - two-level 'inner/outer': the inner algorithm on each worker's devices,
@@ -224,7 +227,9 @@ def features(
     """
     counts = (
         t.net_messages,
-        t.net_bytes,
+        # A link that works one way at a time takes as long as if it
+        # carried those bytes both ways.
+        t.net_bytes + t.one_way_bytes,
         t.mem_messages,
         t.mem_bytes,
         t.reduce_bytes + t.copy_bytes,
@@ -271,15 +276,15 @@ DEFAULT_CONSTANTS = Constants(
 _EMULATED_RATE = 1e9
 _EMULATED = Constants(
     alpha_net=0.0,
-    beta_net=8.688e-09,
+    beta_net=8.619e-09,
     alpha_mem=0.0,
-    beta_mem=1.122e-10,
+    beta_mem=1.337e-10,
     gamma=0.0,
     delta=0.0,
     alpha_collective=0.0,
     step=0.0,
-    beta_incast=5.585e-09,
-    beta_serial=4.225e-09,
+    beta_incast=4.702e-09,
+    beta_serial=4.272e-09,
 )
 # Terms in wire time: they scale with the link's rate.
 _PER_WIRE_BYTE = ("beta_net", "beta_incast")
@@ -629,11 +634,24 @@ def _packed_traffic(
     for member_bytes, num_packs in groups:
         total += traffic.pack_traffic(member_bytes, num_packs, k)
     # Equal packs cost alike: price each size once.
+    each = []
     for pack, count in collections.Counter(packs).items():
         chosen = spec_lib.select_range(ranges, pack.num_bytes)
         t = _algorithm(chosen.alg, pack.num_bytes, n, k, chosen.shards)
-        total += _compress(t, pack.dtype, compression).scaled(count)
-    return total, max(pack.num_bytes for pack in packs)
+        each.append((_compress(t, pack.dtype, compression), count))
+    return _packs_total(total, each), max(pack.num_bytes for pack in packs)
+
+
+def _packs_total(
+    total: Traffic, packs: Iterable[tuple[Traffic, int]]
+) -> Traffic:
+    """`total` plus each pack's counts times its count; one-way bytes are
+    the largest pack's, not a sum (`Traffic.one_way_bytes`)."""
+    one_way = 0.0
+    for t, count in packs:
+        total += t.scaled(count)
+        one_way = max(one_way, t.one_way_bytes)
+    return dataclasses.replace(total, one_way_bytes=one_way)
 
 
 def _bytes_per_pack(options: object, argument: str) -> int:
@@ -756,11 +774,20 @@ def _step_traffic(
         ranges = (spec_lib.AllReduceSpecTuple("hierarchical_copy"),)
         return _packed_traffic(tensors, kwargs, ranges, n, k, compression)
     if name in ("ReductionToOneDevice", "tf.ReductionToOneDevice"):
-        total = traffic.NONE
-        for t, count in collections.Counter(tensors).items():
-            one = traffic.one_device(float(t.num_bytes), n, k)
-            total += _compress(one, t.dtype, compression).scaled(count)
-        return total, max(t.num_bytes for t in tensors)
+        each = [
+            (
+                _compress(
+                    traffic.one_device(float(t.num_bytes), n, k),
+                    t.dtype,
+                    compression,
+                ),
+                count,
+            )
+            for t, count in collections.Counter(tensors).items()
+        ]
+        return _packs_total(traffic.NONE, each), max(
+            t.num_bytes for t in tensors
+        )
     options = kwargs.get("options")
     bytes_per_pack = _bytes_per_pack(options, "options")
     sizes = [t.num_bytes for t in tensors]

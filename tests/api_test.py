@@ -167,6 +167,7 @@ PUBLIC_API = {
         "constants_for_link",
         "features",
         "fit",
+        "measured_counts",
         "nnls",
         "ordering_constants",
         "predict",

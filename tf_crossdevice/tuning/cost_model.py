@@ -111,6 +111,7 @@ __all__ = [
     "constants_for_link",
     "features",
     "fit",
+    "measured_counts",
     "nnls",
     "ordering_constants",
     "predict",
@@ -913,6 +914,45 @@ def nnls(a: Any, b: Any, max_iterations: int = 200) -> Any:
     return x
 
 
+def measured_counts(
+    measurement: Measurement | tuple,
+    link_rate: float | None = None,
+    argument: str = "measurement",
+) -> tuple[float, ...]:
+    """The counts `fit` multiplies each of `Constants`' fields by for one
+    measurement: its `features`, the per-core ones over its
+    `cores_per_worker`, the wire's per-byte ones scaled to links of
+    `link_rate` bits/s where it names its own rate (`fit`'s `link_rate`).
+
+    Raises:
+        ValueError: the measurement names a link rate and `link_rate` is
+            None, or a rate is not a positive number; the message names
+            `argument`.
+
+    >>> config = ("MultiWorkerAllReduce", {"all_reduce_spec": "xring"})
+    >>> m = Measurement(config, [((250,), "float32")], 1, 2, 1.0, None, 4e9)
+    >>> measured_counts(m, link_rate=1e9)[:2]   # 1000 bytes at a 4x rate
+    (2.0, 250.0)
+    """
+    m = Measurement(*measurement)
+    t = traffic_of(
+        m.config,
+        m.gradients,
+        devices_per_worker=m.devices_per_worker,
+        num_workers=m.num_workers,
+    )
+    counts = features(t, m.cores_per_worker)
+    if m.link_rate is None:
+        return counts
+    if link_rate is None:
+        raise ValueError(
+            f"link_rate: {argument} was made on links of {m.link_rate!r} "
+            "bits/s; pass the rate the constants are for"
+        )
+    rate = checks.positive_number(m.link_rate, f"{argument}.link_rate")
+    return _wire_scaled(counts, link_rate / rate)
+
+
 def fit(
     measurements: Iterable[Measurement | tuple],
     *,
@@ -976,24 +1016,7 @@ def fit(
     for i, m in enumerate(measurements):
         m = Measurement(*m)
         seconds = checks.positive_number(m.seconds, f"measurements[{i}]")
-        t = traffic_of(
-            m.config,
-            m.gradients,
-            devices_per_worker=m.devices_per_worker,
-            num_workers=m.num_workers,
-        )
-        counts = features(t, m.cores_per_worker)
-        if m.link_rate is not None:
-            if link_rate is None:
-                raise ValueError(
-                    f"link_rate: measurements[{i}] was made on links of "
-                    f"{m.link_rate!r} bits/s; pass the rate the constants "
-                    "are for"
-                )
-            slower = link_rate / checks.positive_number(
-                m.link_rate, f"measurements[{i}].link_rate"
-            )
-            counts = _wire_scaled(counts, slower)
+        counts = measured_counts(m, link_rate, f"measurements[{i}]")
         rows.append([counts[j] for j in chosen])
         times.append(seconds)
     if not rows:

@@ -738,9 +738,12 @@ def fit_larger_of(rows: Sequence[Row], link_rate: float) -> list[float]:
         [cost_model.measured_counts(r.measurement, link_rate) for r in rows]
     )
     seconds = np.array([r.measurement.seconds for r in rows])
-    wire = [cost_model.FIELDS.index(f) for f in WIRE_TERMS]
-    cores = [cost_model.FIELDS.index(f) for f in CORE_TERMS]
-    rest = [i for i in range(len(cost_model.FIELDS)) if i not in wire + cores]
+    index = {name: i for i, name in enumerate(cost_model.FIELDS)}
+    wire = np.array([index[f] for f in WIRE_TERMS])
+    cores = np.array([index[f] for f in CORE_TERMS])
+    rest = np.array(
+        [i for f, i in index.items() if f not in WIRE_TERMS + CORE_TERMS]
+    )
 
     def bound_by_wire(c: Any) -> Any:
         return x[:, wire] @ c[wire] >= x[:, cores] @ c[cores]

@@ -137,15 +137,59 @@ def test_serial_bytes_are_the_largest_pack(config, grads, workers, expected):
         (("tf.ReductionToOneDevice", {}), ONE_TENSOR, 4, 3 * S),
         (("tf.ReductionToOneDevice", {}), TWO_HALVES, 3, S),
         (mwar("pscpu"), TWO_HALVES, 2, S / 2),
-        # Rings send and receive at once.
+        # Three shards at 2 workers: worker 0 owns shards 0 and 2 (2 x S/3
+        # in) and sends shard 1 (S/3 out).
+        (mwar(("pscpu/pscpu", 3, -1)), ONE_TENSOR, 2, S / 3),
+        # Halving-doubling at 3 workers: worker 0 folds in worker 2's S,
+        # then sends the result back; at 4 nothing folds in.
+        (mwar("rechd"), ONE_TENSOR, 3, S),
+        (mwar("rechd"), ONE_TENSOR, 4, 0.0),
+        # Rings and all-gathers send and receive at once.
         (mwar("xring"), ONE_TENSOR, 4, 0.0),
         (("tf.MultiWorkerMirroredStrategy", {}), ONE_TENSOR, 4, 0.0),
+        (("HierarchicalCollectiveAllReduce", {}), ONE_TENSOR, 2, 0.0),
+        (
+            ("CollectiveAllReduce", {"compression": "bf16"}),
+            ONE_TENSOR,
+            2,
+            0.0,
+        ),
+        # fp16 halves float32's wire bytes, bf16 quarters float64's.
+        (mwar("pscpu", compression="fp16"), ONE_TENSOR, 2, S / 2),
+        (
+            mwar("pscpu", compression="bf16"),
+            [((S // 8,), "float64")],
+            2,
+            S / 4,
+        ),
     ],
 )
-def test_one_way_bytes_are_the_largest_packs_idle_direction(
+def test_one_way_bytes_are_one_packs_idle_direction(
     config, grads, workers, expected
 ):
     t = traffic(config, workers, grads=grads)
+    assert t.one_way_bytes == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        # The root's 2 remote replicas each send S, all in before it
+        # sends anything back.
+        (("tf.ReductionToOneDevice", {}), 2 * S),
+        # The flat shuffle, one shard: worker 1's two replicas send S
+        # each to worker 0's first device.
+        (mwar("pscpu"), 2 * S),
+        # The two-level one sums inside each worker first: one S crosses.
+        (mwar(("pscpu/pscpu", 1, -1)), S),
+        # Two shards, one per worker: each receives 2 x S/2 of its own
+        # while its two devices send 2 x S/2 of the other's.
+        (mwar(("pscpu", 2, -1)), 0.0),
+        (mwar(("pscpu/pscpu", 2, -1)), 0.0),
+    ],
+)
+def test_one_way_bytes_with_two_devices_per_worker(config, expected):
+    t = traffic(config, 2, devices=2)
     assert t.one_way_bytes == pytest.approx(expected)
 
 

@@ -106,10 +106,12 @@ def test_halving_doubling_folds_extra_devices_in_and_out(p):
         constants=TRANSFERS_ONLY,
     )
     # The partner of an extra device: one more message and n more bytes
-    # out, n more bytes reduced.
+    # out, n more bytes reduced; its link takes the extra's n bytes in
+    # and sends n back, one way each time, so the wire prices those n
+    # again (what the partner carries one way).
     expected = (
         (2 * math.log2(q) + 1) * ALPHA
-        + (2 * (q - 1) / q + 1) * n * BETA
+        + (2 * (q - 1) / q + 2) * n * BETA
         + ((q - 1) / q + 1) * n * GAMMA
         + FLAT_COPIES * n * GAMMA
     )

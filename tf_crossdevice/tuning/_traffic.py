@@ -22,7 +22,8 @@ Conventions, shared by every function here:
   worker receives as much as it sends (links are full duplex). So
   `net_bytes` is what the busiest worker's network link carries in each
   direction: on links of known rate (hosts whose wire is the bottleneck)
-  `net_bytes / rate` is the step's wire time. It is neither a total over
+  `(net_bytes + one_way_bytes) / rate` is the step's wire time (below).
+  It is neither a total over
   workers nor an average: for the shuffle it is the shard owners' bytes,
   for a reduction to one device the root's.
 - `incast_bytes` counts what the busiest worker receives while several
@@ -37,17 +38,21 @@ Conventions, shared by every function here:
   processing stays on the critical path. A pack that a group of n
   all-gathers compressed counts n times its size: every member decodes
   the n messages to full precision and sums them after the gather.
-- `one_way_bytes` is what the busiest worker's link carries of the
-  largest pack in one direction while the other direction has nothing of
-  that pack to carry: a root or shard owner receives in the gather and
-  sends in the broadcast, so unless it also sends other shards in the
-  gather (and receives them in the broadcast) its link works one way at
-  a time. In each of the two phases the link carries `max(a, b)` (`a` the
-  owned shards' bytes, `b` the others'), `2 max(a, b) = a + b + |a - b|`
-  in all: `|a - b|` beyond `net_bytes`. Other packs' transfers can fill
-  the idle direction, so only the largest pack's count stays (set by
-  `cost_model.traffic_of`, as `serial_bytes`); rings, halving-doubling
-  and all-gathers send and receive at once and count none.
+- `one_way_bytes` is what the busiest worker's link carries of one pack
+  in one direction while the other direction has nothing of that pack
+  to carry. A root or shard owner receives in the gather and sends in
+  the broadcast: in each of the two phases its link carries `max(a, b)`
+  (`a` the bytes of the shards it owns coming in, `b` those of the
+  others' going out), `2 max(a, b) = a + b + |a - b|` in all, `|a - b|`
+  beyond `net_bytes`. Halving-doubling's fold-in partners receive an
+  extra device's shard, then send the result back: that shard, where
+  the extra is on another worker. Other packs' transfers can fill the
+  idle direction, so a step keeps the largest count of any one pack, not
+  their sum (`cost_model` keeps it; `+` and `scaled` add and scale it
+  like every count, for one pack's parts). Rings and all-gathers send
+  and receive at once and count none; the hierarchical copy, whose root
+  rotates over the workers pack by pack, counts none either (its counts
+  are the mean over packs).
 - `reduce_bytes` counts bytes summed: adding two `b`-byte tensors reduces
   `b` bytes, an `add_n` of `m` of them `(m - 1) b`.
 - `ops` counts graph ops the worker runs besides the transfers (a transfer
@@ -87,9 +92,11 @@ class Traffic:
     collectives: float = 0.0  # collective all-reduce ops launched
     incast_bytes: float = 0.0  # received from several senders at once
     serial_bytes: float = 0.0  # the largest pack (see the module docstring)
-    one_way_bytes: float = 0.0  # the largest pack's, one direction at a time
+    one_way_bytes: float = 0.0  # one pack's, one direction at a time
 
     def __add__(self, other: Traffic) -> Traffic:
+        """Every count summed: the parts of one pack, or packs whose
+        one-way bytes the caller then sets (see the module docstring)."""
         return Traffic(
             *(
                 a + b
@@ -241,7 +248,9 @@ def halving_doubling(size: float, n: int, k: int, shards: int = 1) -> Traffic:
     beta + (p-1)/p n gamma`. When n is not a power of two the `r = n - p`
     extra devices first send their whole shard to partners `0 .. r-1` and
     get the result back, so a partner pays `(2 log2 p + 1)` messages,
-    `(2(p-1)/p + 1) n` bytes and `((p-1)/p + 1) n` bytes reduced. Pairs
+    `(2(p-1)/p + 1) n` bytes and `((p-1)/p + 1) n` bytes reduced, its
+    link one way for the shard in and the result out where the extra is
+    on another worker (`one_way_bytes`: `n`). Pairs
     `v XOR 2**j` on the same worker use the memory link. Worker 0 holds
     the first partners, so it is the busiest (rotation of the virtual ranks
     per shard is ignored).
@@ -265,7 +274,12 @@ def halving_doubling(size: float, n: int, k: int, shards: int = 1) -> Traffic:
                 t += Traffic(reduce_bytes=held)
             if d < r:  # fold-in partner: adds the extra's shard, sends back
                 t = t.send(1, shard, network=p + d >= k)
-                t += Traffic(reduce_bytes=shard)
+                # The shard comes in before the exchanges and the result
+                # goes back after them: one way each time.
+                t += Traffic(
+                    reduce_bytes=shard,
+                    one_way_bytes=shard if p + d >= k else 0.0,
+                )
             t += Traffic(ops=2 * steps + (2 if d < r else 0))
         else:  # an extra device: sends its shard, gets the result
             t = t.send(1, shard, network=d - p >= k)

@@ -24,9 +24,11 @@ Communication Operations in MPICH", 2005), per worker process:
 
 where "memory" is a transfer between logical devices of one process and
 "network" one between worker processes (its bytes are what the busiest
-worker's link carries each way, so on hosts whose link of known rate is
-the bottleneck `beta_net` is the inverse of the rate the payload gets:
-`constants_for_link`); "bytes copied" are the memcpys
+worker's link carries each way, plus those of one pack it carries one
+way while the other way idles, `Traffic.one_way_bytes`: so on hosts
+whose link of known rate is the bottleneck `beta_net` is the inverse of
+the rate the payload gets, `constants_for_link`); "bytes copied" are
+the memcpys
 of packing and flattening (a concatenation, a pad); `step` is a fixed
 cost per all-reduce step. The counts come from
 `tf_crossdevice.tuning._traffic` and follow the builders:
@@ -40,9 +42,10 @@ cost per all-reduce step. The counts come from
 - shuffle ("pscpu", "psgpu"): every device sends each shard to its owner,
   the owner sums `p` copies and broadcasts the sum: `2(p-1)` messages of
   the shard on the owner, a gather then a broadcast. A root, or an owner
-  of more shards than it sends away, uses its link one way at a time:
-  the largest pack's bytes that go one way count again in the network
-  bytes (`Traffic.one_way_bytes`).
+  that receives more of its shards in the gather than it sends of the
+  others', uses its link one way at a time: the bytes that go one way
+  count again in the network bytes, those of the pack with the most
+  (`Traffic.one_way_bytes`).
 - hierarchical copy and reduction to one device: `2(p-1)` whole-tensor
   messages through one or two roots.
 - two-level 'inner/outer': the inner algorithm on each worker's devices,
@@ -647,7 +650,8 @@ def _packs_total(
     total: Traffic, packs: Iterable[tuple[Traffic, int]]
 ) -> Traffic:
     """`total` plus each pack's counts times its count; one-way bytes are
-    the largest pack's, not a sum (`Traffic.one_way_bytes`)."""
+    the largest of any one pack's, not a sum: other packs' transfers
+    fill the idle direction (`Traffic.one_way_bytes`)."""
     one_way = 0.0
     for t, count in packs:
         total += t.scaled(count)
@@ -935,6 +939,8 @@ def measured_counts(
     (2.0, 250.0)
     """
     m = Measurement(*measurement)
+    if link_rate is not None:
+        link_rate = checks.positive_number(link_rate, "link_rate")
     t = traffic_of(
         m.config,
         m.gradients,

@@ -316,7 +316,7 @@ class InGraph(Session):
         self.searches[name] = (
             time.monotonic() - start,
             chosen,
-            _search_steps(result),
+            result.search_log(),
         )
         return _step(
             measure.all_reduce_body(ops, inputs),
@@ -324,34 +324,6 @@ class InGraph(Session):
                 result.config[1].get("compression"), self.num_workers
             ),
         )
-
-
-def _search_steps(result: Any) -> tuple[str, ...]:
-    """autotune's measurements as lines: where its search's time went."""
-    steps = []
-    for m in result.measurements:
-        if m.verified is None:
-            steps.append(f"{m.label}: not built ({m.error})")
-            continue
-        timed = (
-            f"median {m.median_seconds * 1e3:.1f} ms"
-            f" (+{m.confirmation_rounds} confirmation rounds)"
-            if m.median_seconds is not None
-            else f"no time ({m.error})"
-        )
-        predicted = (
-            ""
-            if m.predicted_seconds is None
-            else f", {m.predicted_seconds * 1e3:.1f} ms predicted"
-        )
-        steps.append(
-            f"{m.label}: built in {m.build_seconds:.1f} s, {timed}{predicted}"
-        )
-    steps.append(
-        f"its own clock: {result.elapsed_seconds:.1f} s of a "
-        f"{result.budget_seconds:g} s budget"
-    )
-    return tuple(steps)
 
 
 def _copy_step(variable: tf.Variable, device: str) -> Built:

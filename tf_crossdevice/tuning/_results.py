@@ -35,6 +35,35 @@ class CandidateResult:
     median_seconds: float | None = None
     confirmation_rounds: int = 0
 
+    def describe(self) -> str:
+        """One line: what the candidate cost the search and what it gave.
+
+        >>> CandidateResult("xring", ("SpecAllReduce", {}), 0.0012, True,
+        ...                 build_seconds=2.5, median_seconds=0.001,
+        ...                 confirmation_rounds=3).describe()
+        'xring: built in 2.5 s, median 1.0 ms (+3 confirmation rounds), 1.2 ms predicted'
+        >>> CandidateResult("rechd", ("SpecAllReduce", {}),
+        ...                 error="skipped: no budget left").describe()
+        'rechd: not built (skipped: no budget left)'
+        """  # noqa: E501
+        if self.verified is None:
+            return f"{self.label}: not built ({self.error})"
+        timed = (
+            f"median {self.median_seconds * 1e3:.1f} ms"
+            f" (+{self.confirmation_rounds} confirmation rounds)"
+            if self.median_seconds is not None
+            else f"no time ({self.error})"
+        )
+        predicted = (
+            ""
+            if self.predicted_seconds is None
+            else f", {self.predicted_seconds * 1e3:.1f} ms predicted"
+        )
+        return (
+            f"{self.label}: built in {self.build_seconds:.1f} s, "
+            f"{timed}{predicted}"
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class AutotuneResult:
@@ -59,6 +88,15 @@ class AutotuneResult:
     complete: bool
     from_cache: bool
     cache_file: str
+
+    def search_log(self) -> tuple[str, ...]:
+        """Where the search's time went: each candidate's `describe`, in
+        the order considered, then the search's own clock."""
+        return (
+            *(m.describe() for m in self.measurements),
+            f"its own clock: {self.elapsed_seconds:.1f} s of a "
+            f"{self.budget_seconds:g} s budget",
+        )
 
 
 _CANDIDATE_RESULT_FIELDS = frozenset(

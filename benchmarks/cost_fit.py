@@ -109,8 +109,8 @@ class Row:
     # direction per call (headers included); the links' rate is the
     # measurement's.
     wire_bytes: float | None = None
-    # Seconds per call of each timed round (net of nothing: the rounds'
-    # spread, not a time).
+    # Gross seconds per call of each of the first timed rounds (not the
+    # confirmation rounds): their spread, not the candidate's time.
     rounds: tuple[float, ...] = ()
 
     @property
@@ -706,7 +706,9 @@ def one_fit_for_every_rate(
 
 
 # The terms of `cost_model.FIELDS` that are the wire's time and those that
-# are the cores' (per core); the others add to the larger of the two.
+# are the cores' (divided by a host's cores); the others, beta_serial
+# among them (a pack's processing that its own transfer cannot hide), add
+# to the larger of the two.
 WIRE_TERMS = ("beta_net", "beta_incast")
 CORE_TERMS = ("alpha_mem", "beta_mem", "gamma", "delta")
 
@@ -779,14 +781,12 @@ def rounds_within(rows: Sequence[Row]) -> int:
     """How many of `rows` have every timed round within
     HELD_OUT_TOLERANCE of the rounds' median: a candidate whose own
     rounds spread wider cannot be predicted to that tolerance."""
-    return sum(
-        bool(r.rounds)
-        and all(
-            abs(t / statistics.median(r.rounds) - 1) <= HELD_OUT_TOLERANCE
-            for t in r.rounds
-        )
-        for r in rows
-    )
+
+    def steady(rounds: tuple[float, ...]) -> bool:
+        median = statistics.median(rounds)
+        return all(abs(t / median - 1) <= HELD_OUT_TOLERANCE for t in rounds)
+
+    return sum(bool(r.rounds) and steady(r.rounds) for r in rows)
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -940,13 +940,14 @@ def hosts_report(
         "",
         "The wire is each host's bottleneck, so a step takes the bytes the",
         "busiest host's link carries each way over the link's rate",
-        "(`beta_net` per byte), plus what the wire cannot hide:",
+        "(`beta_net` per byte), counting again the bytes of one pack that",
+        "it carries one way while the other way idles",
+        "(`Traffic.one_way_bytes`: a reduction's root, or a shuffle's owner",
+        "that receives more of its shards than it sends of the others',",
+        "receives the gather and then sends the broadcast; other packs'",
+        "transfers fill the idle direction, so the pack with the most",
+        "counts), plus what the wire cannot hide:",
         "",
-        "- the largest pack's bytes that the link carries one way while",
-        "  the other way idles (`Traffic.one_way_bytes`), at `beta_net`",
-        "  too: a reduction's root, or a shuffle's owner of more shards",
-        "  than it sends away, receives the gather and then sends the",
-        "  broadcast. Other packs' transfers fill the idle direction.",
         "- `beta_incast` per byte a host receives from several senders at",
         "  once beyond one sender's share (a reduction to one device's root,",
         "  a shuffle's shard owners from 3 hosts on): flows converging on one",
@@ -1027,11 +1028,12 @@ def hosts_report(
         "rate from that fit / shaped |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for others, h, test, fitted in held_out:
-        worst, within = _worst(test), _held_out_within(test)
-        fitted_rate = recovered_rate(fitted, overhead * FRAME_OVERHEAD)
+    for held in held_out:
+        worst, within = _worst(held.rows), _held_out_within(held.rows)
+        fitted_rate = recovered_rate(held.constants, overhead * FRAME_OVERHEAD)
         lines.append(
-            f"| {', '.join(map(str, others))} | {h} | {len(test)} | "
+            f"| {', '.join(map(str, held.fitted_on))} | {held.hosts} | "
+            f"{len(held.rows)} | "
             f"{within} | {worst.ratio:.2f} | {worst.candidate} "
             f"({_host_label(worst)}) | {fitted_rate / rate:.3f} |"
         )

@@ -171,11 +171,10 @@ def test_one_fit_for_every_rate_scales_each_rows_wire_bytes():
     )
     rows = _link_rows(constants, [(1e9, "1gbit"), (10e9, "10gbit")])
     together = cost_fit.one_fit_for_every_rate(rows, 1e9)
-    # (rate, candidates, within 20% summed, ... the larger of, rounds
-    # within 20%: these rows have no rounds).
-    assert [(r, n, summed, steady) for r, n, summed, _, steady in together] == [
-        (1e9, 18, 18, 0),
-        (10e9, 18, 18, 0),
+    # (rate, candidates, within 20% summed, ...).
+    assert [(r, n, summed) for r, n, summed, _, _ in together] == [
+        (1e9, 18, 18),
+        (10e9, 18, 18),
     ]
     assert rows[0].predicted == 0.0  # the rows given are left alone
     blind = [
@@ -304,6 +303,7 @@ def test_fitted_on_3_and_4_hosts_predicts_every_candidate_at_2():
         held.hosts: held.rows
         for held in cost_fit.held_out_by_hosts(_host_rows(), SHAPED_RATE)
     }
+    assert len(held_out[2]) == 32
     misses = [
         (r.candidate, round(r.ratio, 2))
         for r in held_out[2]

@@ -686,10 +686,13 @@ def one_fit_for_every_rate(
     own rounds all lie within it: `rounds_within`). What any constants of
     the model's counts allow, and what the measurements themselves do."""
     summed = [dataclasses.replace(r) for r in rows]
-    predict_rows(summed, fit_link(summed, link_rate), link_rate)
+    constants = fit_link(summed, link_rate)
+    predict_rows(summed, constants, link_rate)
     larger = [
         dataclasses.replace(r, predicted=p)
-        for r, p in zip(rows, fit_larger_of(rows, link_rate), strict=True)
+        for r, p in zip(
+            rows, fit_larger_of(rows, link_rate, constants), strict=True
+        )
     ]
     out = []
     for rate in sorted({rate_of(r) for r in rows}):
@@ -723,16 +726,19 @@ def _nnls_relative(a: Any, seconds: Any) -> Any:
     return cost_model.nnls(a / scale, np.ones(len(seconds))) / scale
 
 
-def fit_larger_of(rows: Sequence[Row], link_rate: float) -> list[float]:
+def fit_larger_of(
+    rows: Sequence[Row], link_rate: float, summed: cost_model.Constants
+) -> list[float]:
     """The model's counts in another form, fitted to `rows` (wire bytes
     at `link_rate`, as `fit_link`): a step takes the larger of the wire's
     time (WIRE_TERMS) and the cores' (CORE_TERMS), plus the other terms,
     which neither hides. Fitted piecewise: each row is given the side
     that bounds it, both sides are fitted together by non-negative least
     squares, the sides are read again from the fit, until no row moves;
-    started from the additive fit's sides, from every row on the wire's
-    and from every row on the cores', the best kept. Returns each row's
-    predicted seconds, in order.
+    started from the sides of `summed` (the model's own fit of `rows`,
+    `fit_link`), from every row on the wire's and from every row on the
+    cores', the best kept. Returns each row's predicted seconds, in
+    order.
     """
     import numpy as np
 
@@ -757,7 +763,7 @@ def fit_larger_of(rows: Sequence[Row], link_rate: float) -> list[float]:
     best, best_error = None, math.inf
     everywhere = np.ones(len(rows), dtype=bool)
     for side in (
-        bound_by_wire(_nnls_relative(x, seconds)),
+        bound_by_wire(np.array(dataclasses.astuple(summed))),
         everywhere,
         ~everywhere,
     ):
@@ -942,11 +948,11 @@ def hosts_report(
         "busiest host's link carries each way over the link's rate",
         "(`beta_net` per byte), counting again the bytes of one pack that",
         "it carries one way while the other way idles",
-        "(`Traffic.one_way_bytes`: a reduction's root, or a shuffle's owner",
+        "(`Traffic.one_way_bytes`: a reduction's root, a shuffle's owner",
         "that receives more of its shards than it sends of the others',",
-        "receives the gather and then sends the broadcast; other packs'",
-        "transfers fill the idle direction, so the pack with the most",
-        "counts), plus what the wire cannot hide:",
+        "and halving-doubling's fold-in partner receive before they send;",
+        "other packs' transfers fill the idle direction, so the pack with",
+        "the most counts), plus what the wire cannot hide:",
         "",
         "- `beta_incast` per byte a host receives from several senders at",
         "  once beyond one sender's share (a reduction to one device's root,",

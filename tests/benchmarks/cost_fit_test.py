@@ -214,13 +214,20 @@ def test_fit_larger_of_fits_steps_bound_by_the_wire_or_by_the_cores():
         wire_bound.add((m.link_rate, wire > cores))
     # Both sides bound some step.
     assert {(1e9, True), (10e9, False)} <= wire_bound
-    predicted = cost_fit.fit_larger_of(rows, 1e9)
+    summed = [dataclasses.replace(r) for r in rows]
+    constants = cost_fit.fit_link(summed, 1e9)
+    predicted = cost_fit.fit_larger_of(rows, 1e9, constants)
     assert predicted == pytest.approx(
         [r.measurement.seconds for r in rows], rel=1e-6
     )
-    summed = [dataclasses.replace(r) for r in rows]
-    cost_fit.predict_rows(summed, cost_fit.fit_link(summed, 1e9), 1e9)
+    cost_fit.predict_rows(summed, constants, 1e9)
     assert max(abs(r.ratio - 1) for r in summed) > 0.05
+    # The page's column: every row within 20% at each rate, the larger of.
+    together = cost_fit.one_fit_for_every_rate(rows, 1e9)
+    assert [(r, n, larger) for r, n, _, larger, _ in together] == [
+        (1e9, 18, 18),
+        (10e9, 18, 18),
+    ]
 
 
 def test_rounds_within_counts_candidates_whose_rounds_stay_near_their_median():

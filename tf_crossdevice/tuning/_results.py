@@ -91,7 +91,14 @@ class AutotuneResult:
 
     def search_log(self) -> tuple[str, ...]:
         """Where the search's time went: each candidate's `describe`, in
-        the order considered, then the search's own clock."""
+        the order considered, then the search's own clock.
+
+        >>> skipped = CandidateResult("rechd", ("SpecAllReduce", {}),
+        ...                           error="skipped: no budget left")
+        >>> AutotuneResult(("SpecAllReduce", {}), "rechd", (skipped,), 30.0,
+        ...                12.5, False, False, "").search_log()
+        ('rechd: not built (skipped: no budget left)', 'its own clock: 12.5 s of a 30 s budget')
+        """  # noqa: E501
         return (
             *(m.describe() for m in self.measurements),
             f"its own clock: {self.elapsed_seconds:.1f} s of a "

@@ -41,13 +41,15 @@ cost per all-reduce step. The counts come from
   `n` more bytes each way (`(2 log2 p' + 1)` messages on a partner).
 - shuffle ("pscpu", "psgpu"): every device sends each shard to its owner,
   the owner sums `p` copies and broadcasts the sum: `2(p-1)` messages of
-  the shard on the owner, a gather then a broadcast. A root, or an owner
-  that receives more of its shards in the gather than it sends of the
-  others', uses its link one way at a time: the bytes that go one way
-  count again in the network bytes, those of the pack with the most
-  (`Traffic.one_way_bytes`).
+  the shard on the owner, a gather then a broadcast.
 - hierarchical copy and reduction to one device: `2(p-1)` whole-tensor
   messages through one or two roots.
+- a link used one way at a time: a reduction's root, a shuffle owner
+  that receives more of its shards in the gather than it sends of the
+  others', and halving-doubling's fold-in partner receive before they
+  send, the other direction idle; those bytes count again in the
+  network bytes, those of the pack with the most (other packs fill the
+  idle direction: `Traffic.one_way_bytes`).
 - two-level 'inner/outer': the inner algorithm on each worker's devices,
   the outer across one device per worker, then `k-1` copies back.
 - packing changes how many all-reduces run and how large they are
@@ -374,6 +376,11 @@ def ordering_constants(num_workers: int) -> Constants:
     compression, whose casts then wait for the whole pack), as the
     emulated hosts measured. Workers sharing one machine get the same
     order: whether their transfers cross a wire is not in the topology.
+    The bytes a link carries one way at a time (`Traffic.one_way_bytes`)
+    are priced at the loopback `beta_net`, about half the link-fitted
+    one at 1 Gbit/s: enough to rank one-shard pscpu, whose owner
+    receives every gradient before it sends any sum back, behind two
+    shards between hosts.
 
     Raises:
         ValueError: `num_workers` is not a positive integer.

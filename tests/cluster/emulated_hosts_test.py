@@ -144,6 +144,37 @@ def test_everything_is_removed_when_the_block_fails():
     assert hosts_lib.leftovers(os.getpid()) == []
 
 
+def test_everything_is_removed_when_the_process_gets_sigterm():
+    # A process that holds hosts and is told to stop (a benchmark run
+    # stopped with kill): the block unwinds and removes what it made.
+    script = (
+        "import time\n"
+        "from tf_crossdevice.cluster import hosts\n"
+        "with hosts.EmulatedHosts(2, '100mbit'):\n"
+        "    print('up', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "up\n"
+        # Two namespaces, their links, two cgroups and the bridge.
+        assert len(hosts_lib.leftovers(child.pid)) == 2 + 2 + 2 + 1
+        child.terminate()
+        assert child.wait(timeout=60) == 128 + 15
+    finally:
+        child.kill()
+        child.wait()
+        left = hosts_lib.leftovers(child.pid)
+        hosts_lib.remove_stale()  # Its process is gone: this test's part.
+    assert left == []
+
+
 def test_links_are_shaped_and_cores_shared():
     with hosts_lib.EmulatedHosts(4, "250mbit") as bed:
         for host in bed.hosts:

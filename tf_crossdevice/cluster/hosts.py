@@ -20,9 +20,10 @@ what a small cluster looks like to the processes in it:
   compute of each.
 
 Everything is made on entering a `with` block and removed on leaving it,
-also after an error; what a killed process left behind (its names carry
-its process id) is removed by the next one that builds hosts. Needs root on
-Linux, with `ip` and `tc`.
+also after an error, and after a SIGTERM where nothing else handles it
+(it ends the block as `SystemExit`); what a killed process left behind
+(its names carry its process id) is removed by the next one that builds
+hosts. Needs root on Linux, with `ip` and `tc`.
 
     with EmulatedHosts(2, link_rate="1gbit") as hosts:
         child = processes.Child(hosts.command(0, [sys.executable, "w.py"]))
@@ -50,8 +51,10 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -169,6 +172,7 @@ class EmulatedHosts:
         self._bridge = ""
         self._numbers: list[int] = []
         self._baseline: list[tuple[int, int]] = []
+        self._sigterm_installed = False
 
     def __enter__(self) -> EmulatedHosts:
         check_supported()
@@ -199,10 +203,25 @@ class EmulatedHosts:
                 self.close()
                 raise
         self._baseline = [self._counters(h) for h in self.hosts]
+        self._handle_sigterm()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    def _handle_sigterm(self) -> None:
+        """Makes a SIGTERM raise `SystemExit` while the hosts are up, so
+        that the `with` block unwinds and removes them: by default the
+        signal ends the process at once, leaving them until the next
+        build. Only where the default holds (a launcher or a test runner
+        may have its own) and in the main thread (the only one Python
+        runs handlers in)."""
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        ):
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            self._sigterm_installed = True
 
     def _build(self, subnet: int) -> None:
         net = f"198.18.{subnet}"
@@ -340,12 +359,19 @@ class EmulatedHosts:
             _ip("link", "del", self._bridge, check=False)
         self.hosts = []
         self._bridge = ""
+        if self._sigterm_installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self._sigterm_installed = False
 
     def __repr__(self) -> str:
         return (
             f"EmulatedHosts({self.num_hosts}, link_rate={self.link_rate!r}, "
             f"cpu_share={self.cpu_share}, mtu={self.mtu})"
         )
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def check_supported() -> None:

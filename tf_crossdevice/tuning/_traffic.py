@@ -32,12 +32,13 @@ Conventions, shared by every function here:
   converging on one link share its queue and lose throughput to each
   other (TCP incast); rings and halving-doubling, one sender at a time,
   count none.
-- `serial_bytes` is the size of the step's largest pack (set by
-  `cost_model.traffic_of`): a pack's own transfer cannot hide its
-  reduction and copies, other packs' transfers can, so the largest pack's
-  processing stays on the critical path. A pack that a group of n
-  all-gathers compressed counts n times its size: every member decodes
-  the n messages to full precision and sums them after the gather.
+- `serial_bytes` is the size of the step's largest pack (`cost_model`
+  keeps the largest of its packs', as for `one_way_bytes`): a pack's own
+  transfer cannot hide its reduction and copies, other packs' transfers
+  can, so the largest pack's processing stays on the critical path. A
+  pack that a group of n all-gathers compressed counts n times its size:
+  every member decodes the n messages to full precision and sums them
+  after the gather.
 - `one_way_bytes` is what the busiest worker's link carries of one pack
   in one direction while the other direction has nothing of that pack
   to carry. A root or shard owner receives in the gather and sends in

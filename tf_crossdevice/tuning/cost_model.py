@@ -639,7 +639,7 @@ def _packed_traffic(
     n: int,
     k: int,
     compression: str | None,
-) -> tuple[Traffic, int]:
+) -> Traffic:
     packs, groups = _plan_packs(tensors, kwargs)
     total = traffic.NONE
     for member_bytes, num_packs in groups:
@@ -649,21 +649,26 @@ def _packed_traffic(
     for pack, count in collections.Counter(packs).items():
         chosen = spec_lib.select_range(ranges, pack.num_bytes)
         t = _algorithm(chosen.alg, pack.num_bytes, n, k, chosen.shards)
+        t = dataclasses.replace(t, serial_bytes=float(pack.num_bytes))
         each.append((_compress(t, pack.dtype, compression), count))
-    return _packs_total(total, each), max(pack.num_bytes for pack in packs)
+    return _packs_total(total, each)
 
 
 def _packs_total(
     total: Traffic, packs: Iterable[tuple[Traffic, int]]
 ) -> Traffic:
-    """`total` plus each pack's counts times its count; one-way bytes are
-    the largest of any one pack's, not a sum: other packs' transfers
-    fill the idle direction (`Traffic.one_way_bytes`)."""
-    one_way = 0.0
+    """`total` plus each pack's counts times its count; the serial and
+    one-way bytes are the largest of any one pack's, not a sum: other
+    packs' transfers hide their processing and fill the idle direction
+    (`Traffic.serial_bytes`, `Traffic.one_way_bytes`)."""
+    serial = one_way = 0.0
     for t, count in packs:
         total += t.scaled(count)
+        serial = max(serial, t.serial_bytes)
         one_way = max(one_way, t.one_way_bytes)
-    return dataclasses.replace(total, one_way_bytes=one_way)
+    return dataclasses.replace(
+        total, serial_bytes=serial, one_way_bytes=one_way
+    )
 
 
 def _bytes_per_pack(options: object, argument: str) -> int:
@@ -683,13 +688,13 @@ def _collective_traffic(
     k: int,
     hierarchical: bool,
     compression: str | None,
-) -> tuple[Traffic, int]:
+) -> Traffic:
     """TensorFlow's RING collective per pack, around flatten/unflatten.
 
     The ring is one kernel per device (no graph op per step); its CPU
     RingReducer first copies the input into the output buffer (one copy).
     """
-    total = traffic.NONE
+    each = []
     workers = n // k
     # The hierarchical class reduces each worker's devices first, then runs
     # its collective with one member per worker.
@@ -702,7 +707,6 @@ def _collective_traffic(
         and codec.gather_compression_pays(group)
     )
     launched = Traffic(collectives=1 if workers > 1 else 0)
-    largest = 0.0
     for pack in packs:
         size = float(sum(tensors[i].num_bytes for i in pack))
         dtype = tensors[pack[0]].dtype
@@ -710,10 +714,9 @@ def _collective_traffic(
         # pack; or, gathered compressed, the `group` messages every member
         # decodes to full precision and sums.
         gathered = gathers and dtype in COMPRESSIBLE
-        largest = max(largest, size * group if gathered else size)
         t = traffic.pack_traffic(
             [float(tensors[i].num_bytes) for i in pack], 1, k
-        )
+        ) + Traffic(serial_bytes=size * group if gathered else size)
         if hierarchical and k > 1:
             t += traffic.one_device(size, k, k)
         if gathered:
@@ -725,8 +728,8 @@ def _collective_traffic(
             t += Traffic(ops=2 * group if scaled else 0)
         else:
             t += traffic.ring(size, group, members_here, 1, 0, 1, 1)
-        total += t + launched
-    return total, int(largest)
+        each.append((t + launched, 1))
+    return _packs_total(traffic.NONE, each)
 
 
 def traffic_of(
@@ -749,8 +752,7 @@ def traffic_of(
     tensors = _check_gradients(gradients)
     k = checks.positive_int(devices_per_worker, "devices_per_worker")
     workers = checks.positive_int(num_workers, "num_workers")
-    t, largest_pack = _step_traffic(name, kwargs, tensors, workers * k, k)
-    return dataclasses.replace(t, serial_bytes=float(largest_pack))
+    return _step_traffic(name, kwargs, tensors, workers * k, k)
 
 
 def _step_traffic(
@@ -759,8 +761,8 @@ def _step_traffic(
     tensors: list[_Tensor],
     n: int,
     k: int,
-) -> tuple[Traffic, int]:
-    """The busiest worker's counts, and the largest pack's bytes."""
+) -> Traffic:
+    """The busiest worker's counts."""
     workers = n // k
     compression = _compression(kwargs.get("compression"))
     if name in ("SpecAllReduce", "MultiWorkerAllReduce"):
@@ -789,7 +791,8 @@ def _step_traffic(
         each = [
             (
                 _compress(
-                    traffic.one_device(float(t.num_bytes), n, k),
+                    traffic.one_device(float(t.num_bytes), n, k)
+                    + Traffic(serial_bytes=float(t.num_bytes)),
                     t.dtype,
                     compression,
                 ),
@@ -797,9 +800,7 @@ def _step_traffic(
             )
             for t, count in collections.Counter(tensors).items()
         ]
-        return _packs_total(traffic.NONE, each), max(
-            t.num_bytes for t in tensors
-        )
+        return _packs_total(traffic.NONE, each)
     options = kwargs.get("options")
     bytes_per_pack = _bytes_per_pack(options, "options")
     sizes = [t.num_bytes for t in tensors]

@@ -69,6 +69,10 @@ Decisions, and why:
   paper's and PyTorch's warm-up). Error feedback starts with the first
   compressed step, from zero: exact steps leave no error.
 
+Here: the compressor, which tensors it compresses and its checks. The
+compressed step is in `_powersgd_step`, the variables it keeps in
+`_powersgd_state`, Gram-Schmidt in `_orthogonalize`.
+
 Example: three replicas of one process, summed by a function that adds
 their values (a real reduction passes its all-reduce).
 
@@ -89,64 +93,28 @@ their values (a real reduction passes its all-reduce).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
 from tf_crossdevice._core import checks, tf_internal
 from tf_crossdevice.compression import _codec as codec
-
-Value: TypeAlias = Any
-"""A dense tf.Tensor or a tf.IndexedSlices."""
-
-AllSum: TypeAlias = Callable[[list[list[Value]]], list[list[Value]]]
-"""Sums a batch across every replica: `batch[k][i]` is value k on this
-process's replica i; the result's `[k][i]` is the sum of value k over every
-replica of every worker, on replica i's device."""
+from tf_crossdevice.compression._powersgd_state import (
+    Layout,
+    Matrix,
+    MatrixState,
+    matrix_key,
+    new_matrix,
+)
+from tf_crossdevice.compression._powersgd_step import (
+    AllSum,
+    Value,
+    compressed_sums,
+)
+from tf_crossdevice.compression._replica_devices import on_replica
 
 _COMPRESSIBLE = (tf.float32, tf.float64)
-
-
-@dataclasses.dataclass(frozen=True)
-class MatrixState:
-    """The state of one compressed tensor (see `PowerSGD.state`).
-
-    Attributes:
-        position: the tensor's index in the batch.
-        shape: the tensor's shape.
-        matrix_shape: (n, m), the matrix it is reshaped to.
-        rank: r = min(n, m, the compressor's rank).
-        q: the factor Q, (m, r): the last step's all-reduced Q (before the
-            next step orthogonalises it), or the seeded initial one; the
-            first replica's copy.
-        errors: the error feedback of each replica, (n, m) each.
-        q_replicas: every replica's copy of Q, each on its replica's
-            device (the first is `q`): the same values, kept where they are
-            used, so that no step reads Q across a worker boundary.
-    """
-
-    position: int
-    shape: tuple[int, ...]
-    matrix_shape: tuple[int, int]
-    rank: int
-    q: tf.Variable
-    errors: tuple[tf.Variable, ...]
-    q_replicas: tuple[tf.Variable, ...]
-
-
-class _Matrix(tf.Module):
-    """The variables of one compressed tensor, tracked for checkpoints."""
-
-    def __init__(
-        self, qs: list[tf.Variable], errors: list[tf.Variable], name: str
-    ) -> None:
-        super().__init__(name=name)
-        self.q = qs[0]
-        self.q_copies = qs[1:]
-        self.errors = errors
 
 
 class PowerSGD(tf.Module):
@@ -197,10 +165,10 @@ class PowerSGD(tf.Module):
         # must not start TensorFlow's runtime, which a multi-worker
         # strategy built after it still has to configure.
         self._step: tf.Variable | None = None
-        self._matrices: dict[str, _Matrix] = {}
+        self._matrices: dict[str, Matrix] = {}
         self._signature: tuple[Any, ...] | None = None
         self._replicas: int | None = None
-        self._layout: dict[int, tuple[tuple[int, ...], int, int, int]] = {}
+        self._layout: dict[int, Layout] = {}
 
     def __repr__(self) -> str:
         return (
@@ -319,7 +287,7 @@ class PowerSGD(tf.Module):
                 f"compressed positions: {sorted(self._layout)}"
             )
         shape, n, m, r = self._layout[position]
-        matrix = self._matrices[_key(position)]
+        matrix = self._matrices[matrix_key(position)]
         return MatrixState(
             position,
             shape,
@@ -408,14 +376,20 @@ class PowerSGD(tf.Module):
         def exact_sums() -> list[list[tf.Tensor]]:
             return [list(v) for v in all_sum(matrices)]
 
-        def compressed_sums() -> list[list[tf.Tensor]]:
-            return self._compressed_sums(matrices, compressed, all_sum, devices)
+        def low_rank_sums() -> list[list[tf.Tensor]]:
+            return compressed_sums(
+                matrices,
+                [self._layout[k] for k in compressed],
+                [self._matrices[matrix_key(k)] for k in compressed],
+                all_sum,
+                devices,
+            )
 
         if self._start_step == 0:
-            sums = compressed_sums()
+            sums = low_rank_sums()
         else:
             sums = tf.cond(
-                self.step < self._start_step, exact_sums, compressed_sums
+                self.step < self._start_step, exact_sums, low_rank_sums
             )
         with tf.control_dependencies(_flat(sums)):
             counted = self.step.assign_add(1)
@@ -423,7 +397,7 @@ class PowerSGD(tf.Module):
         with tf.control_dependencies([counted]):
             for k, per_replica in zip(compressed, sums, strict=True):
                 results[k] = [
-                    _on(devices, i, tf.identity, t)
+                    on_replica(devices, i, tf.identity, t)
                     for i, t in enumerate(per_replica)
                 ]
         return results
@@ -453,170 +427,19 @@ class PowerSGD(tf.Module):
         replicas: int,
     ) -> None:
         for k in compressed:
-            if _key(k) in self._matrices:
+            if matrix_key(k) in self._matrices:
                 continue
             tensor = batch[k][0]
             shape = tuple(tensor.shape.as_list())
             n, m = self.matrix_shape(shape)
-            r = min(n, m, self._rank)
-            dtype = tensor.dtype
-            with tf.init_scope():
-                qs, errors = [], []
-                for i in range(replicas):
-                    with _device(devices, i):
-                        qs.append(
-                            tf_internal.new_resource_variable(
-                                tf.random.stateless_normal(
-                                    (m, r), seed=(self._seed, k), dtype=dtype
-                                ),
-                                trainable=False,
-                                name=f"powersgd_q_{k}" + f"_{i}" * (i > 0),
-                            )
-                        )
-                        errors.append(
-                            tf_internal.new_resource_variable(
-                                tf.zeros((n, m), dtype),
-                                trainable=False,
-                                name=f"powersgd_error_{k}_{i}",
-                            )
-                        )
-            self._layout[k] = (shape, n, m, r)
+            layout = Layout(shape, n, m, min(n, m, self._rank))
+            matrix = new_matrix(
+                layout, tensor.dtype, k, self._seed, devices, replicas
+            )
+            self._layout[k] = layout
             # Assigning tracks the new variables; a checkpoint restored
             # before they existed fills them in now.
-            self._matrices[_key(k)] = _Matrix(qs, errors, _key(k))
-
-    def _compressed_sums(
-        self,
-        matrices: list[list[tf.Tensor]],
-        positions: list[int],
-        all_sum: AllSum,
-        devices: list[str] | None,
-    ) -> list[list[tf.Tensor]]:
-        replicas = len(matrices[0])
-        layouts = [self._layout[k] for k in positions]
-        states = [self._matrices[_key(k)] for k in positions]
-        qs = [[state.q, *state.q_copies] for state in states]
-        # One all-reduce of every P (and one of every Q) per dtype. Within
-        # it, matrices with factors of one shape sit side by side, so that
-        # their factors are orthogonalised together, in one batch of ops
-        # instead of one small op per column per matrix.
-        dtypes = list(dict.fromkeys(value[0].dtype for value in matrices))
-        groups = [
-            sorted(
-                (j for j, value in enumerate(matrices) if value[0].dtype == d),
-                key=lambda j: (layouts[j][1], layouts[j][3]),
-            )
-            for d in dtypes
-        ]
-
-        m_of: dict[tuple[int, int], tf.Tensor] = {}
-        p_local: dict[tuple[int, int], tf.Tensor] = {}
-        for i in range(replicas):
-            with _device(devices, i):
-                q_start: dict[int, tf.Tensor] = {}
-                for run in _runs(
-                    range(len(matrices)),
-                    lambda j: (matrices[j][0].dtype, layouts[j][2:]),
-                ):
-                    q_start.update(
-                        zip(
-                            run,
-                            _orthogonalize_each(
-                                [qs[j][i].read_value() for j in run]
-                            ),
-                            strict=True,
-                        )
-                    )
-                for j, (value, (_, n, m, _), state) in enumerate(
-                    zip(matrices, layouts, states, strict=True)
-                ):
-                    matrix = tf.reshape(value[i], (n, m))
-                    m_of[j, i] = matrix + state.errors[i].read_value()
-                    p_local[j, i] = tf.matmul(m_of[j, i], q_start[j])
-
-        p_sums = all_sum(
-            [
-                [
-                    _concat([p_local[j, i] for j in group], devices, i)
-                    for i in range(replicas)
-                ]
-                for group in groups
-            ]
-        )
-        p_hat: dict[tuple[int, int], tf.Tensor] = {}
-        q_local: dict[tuple[int, int], tf.Tensor] = {}
-        for group, sums in zip(groups, p_sums, strict=True):
-            runs = _runs(group, lambda j: layouts[j][1::2])
-            for i in range(replicas):
-                with _device(devices, i):
-                    parts = _split(
-                        sums[i],
-                        [
-                            len(run) * layouts[run[0]][1] * layouts[run[0]][3]
-                            for run in runs
-                        ],
-                    )
-                    for run, part in zip(runs, parts, strict=True):
-                        _, n, _, r = layouts[run[0]]
-                        batch = orthogonalize(tf.reshape(part, (-1, n, r)))
-                        for j, p in zip(
-                            run, tf.unstack(batch, num=len(run)), strict=True
-                        ):
-                            p_hat[j, i] = p
-                    for j in group:
-                        # M^T P^ as (P^T M)^T: a product that reads M along
-                        # its rows, several times faster than transposing
-                        # M's reads; only the small result is transposed.
-                        q_local[j, i] = tf.transpose(
-                            tf.matmul(p_hat[j, i], m_of[j, i], transpose_a=True)
-                        )
-
-        q_sums = all_sum(
-            [
-                [
-                    _concat([q_local[j, i] for j in group], devices, i)
-                    for i in range(replicas)
-                ]
-                for group in groups
-            ]
-        )
-        results: list[list[tf.Tensor]] = [
-            [None] * replicas
-            for _ in matrices  # type: ignore[list-item]
-        ]
-        done = []
-        for i in range(replicas):
-            with _device(devices, i):
-                # A non-finite gradient anywhere makes some summed Q (the
-                # same on every replica) non-finite, and its sum too: an
-                # optimizer with loss scaling skips that step, and so does
-                # the state, which would otherwise stay non-finite for good.
-                finite = tf.reduce_all(
-                    [tf.reduce_all(tf.math.is_finite(s[i])) for s in q_sums]
-                )
-                kept = []
-                for group, sums in zip(groups, q_sums, strict=True):
-                    parts = _split(
-                        sums[i], [layouts[j][2] * layouts[j][3] for j in group]
-                    )
-                    for j, part in zip(group, parts, strict=True):
-                        shape, _, m, r = layouts[j]
-                        q_sum = tf.reshape(part, (m, r))
-                        approx = tf.matmul(p_hat[j, i], q_sum, transpose_b=True)
-                        results[j][i] = tf.reshape(approx, shape)
-                        # The replica's own residual: see the module
-                        # docstring (the errors add up to sum M - M^).
-                        sent = tf.matmul(
-                            p_hat[j, i], q_local[j, i], transpose_b=True
-                        )
-                        kept.append((states[j].errors[i], m_of[j, i] - sent))
-                        kept.append((qs[j][i], q_sum))
-                done.append(_assign_if(finite, kept))
-        with tf.control_dependencies(done):
-            return [
-                [_on(devices, i, tf.identity, t) for i, t in enumerate(v)]
-                for v in results
-            ]
+            self._matrices[matrix_key(k)] = matrix
 
 
 def split_compression(value: Any) -> tuple[str | None, PowerSGD | None]:
@@ -642,82 +465,6 @@ None, 'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD
         ) from None
 
 
-def orthogonalize(matrix: tf.Tensor) -> tf.Tensor:
-    """`matrix`'s columns made orthonormal, left to right (Gram-Schmidt);
-    a batch of matrices (..., n, r) one by one.
-
-    Two passes of modified Gram-Schmidt: the second removes what rounding
-    left of the earlier columns, so a nearly dependent column still comes
-    out orthogonal. A column that is (or becomes) exactly zero stays zero.
-    For a matrix of full column rank this is the Q of its QR factorization
-    with R's diagonal positive.
-
-    >>> p = orthogonalize(tf.constant([[3.0, 1.0], [4.0, 1.0]], tf.float64))
-    >>> np.round(p.numpy(), 4).tolist()
-    [[0.6, 0.8], [0.8, -0.6]]
-    """
-    columns = tf.unstack(matrix, axis=-1)
-    done: list[tf.Tensor] = []
-    for column in columns:
-        for _ in range(2):
-            for previous in done:
-                dot = tf.reduce_sum(previous * column, axis=-1, keepdims=True)
-                column -= dot * previous
-        norm = tf.norm(column, axis=-1, keepdims=True)
-        done.append(tf.math.divide_no_nan(column, norm))
-    return tf.stack(done, axis=-1)
-
-
-def _orthogonalize_each(matrices: list[tf.Tensor]) -> list[tf.Tensor]:
-    """`orthogonalize` of each of `matrices` (one shape), in one batch."""
-    batch = orthogonalize(tf.stack(matrices))
-    return tf.unstack(batch, num=len(matrices))
-
-
-def _runs(items: Any, key: Callable[[int], Any]) -> list[list[int]]:
-    """`items` (ints) grouped by `key`, groups and items in order of first
-    appearance (runs of consecutive items where `items` is sorted by
-    `key`)."""
-    runs: dict[Any, list[int]] = {}
-    for item in items:
-        runs.setdefault(key(item), []).append(item)
-    return list(runs.values())
-
-
-def _assign_if(
-    condition: tf.Tensor, assignments: list[tuple[tf.Variable, tf.Tensor]]
-) -> tf.Tensor:
-    """Assigns each value to its variable if `condition` (a scalar bool)
-    holds, else leaves every variable alone; returns a tensor that exists
-    once that is done either way.
-
-    With the graph's own Switch and Merge: `tf.where` would pass over every
-    element of every error buffer to pick one whole tensor, and `tf.cond`
-    registers its branches as functions, on the remote workers in-graph,
-    where the client's teardown then races the servers' shutdown. Switch
-    forwards a tensor to one of its outputs; the assignment fed by the
-    other never runs. Eagerly, where tensors have values, the condition is
-    read and the assignments run or not.
-    """
-    if tf.executing_eagerly():
-        if bool(condition):
-            for variable, value in assignments:
-                variable.assign(value)
-        return condition
-    updates = [
-        variable.assign(tf.raw_ops.Switch(data=value, pred=condition)[1])
-        for variable, value in assignments
-    ]
-    skipped, applied = tf.raw_ops.Switch(data=condition, pred=condition)
-    with tf.control_dependencies(updates):
-        applied = tf.identity(applied)
-    return tf.raw_ops.Merge(inputs=[skipped, applied]).output
-
-
-def _key(position: int) -> str:
-    return f"value_{position}"
-
-
 def _spec(value: Value) -> tuple[Any, ...]:
     if isinstance(value, tf.IndexedSlices):
         return ("IndexedSlices", value.values.dtype.name)
@@ -730,27 +477,6 @@ def _describe(signature: Any, replicas: Any) -> str:
         for s in signature
     )
     return f"{len(signature)} values on {replicas} replica(s) [{values}]"
-
-
-def _device(devices: Sequence[str] | None, i: int) -> Any:
-    # None keeps the caller's scope (tf.device(None) would clear it).
-    return tf.device(devices[i]) if devices else contextlib.nullcontext()
-
-
-def _on(devices: list[str] | None, i: int, fn: Any, *args: Any) -> Any:
-    with _device(devices, i):
-        return fn(*args)
-
-
-def _concat(
-    parts: list[tf.Tensor], devices: list[str] | None, i: int
-) -> tf.Tensor:
-    with _device(devices, i):
-        return tf.concat([tf.reshape(p, [-1]) for p in parts], axis=0)
-
-
-def _split(flat: tf.Tensor, sizes: list[int]) -> list[tf.Tensor]:
-    return tf.split(flat, sizes) if len(sizes) > 1 else [flat]
 
 
 def _flat(nested: Any) -> list[tf.Tensor]:

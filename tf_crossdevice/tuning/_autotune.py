@@ -11,11 +11,12 @@ CrossDeviceOps (`_configs.make_ops`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
 import statistics
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import tensorflow as tf
@@ -203,6 +204,35 @@ def _with_result(
     return ops
 
 
+@dataclasses.dataclass
+class _Built:
+    """The candidates built so far: a record of each one considered, and
+    the timer and reps of each that verified, by its index in the plan."""
+
+    records: list[CandidateResult] = dataclasses.field(default_factory=list)
+    # (graph units, build seconds) of each verified build.
+    builds: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    timers: dict[int, _measure.TimeFn] = dataclasses.field(default_factory=dict)
+    reps: dict[int, int] = dataclasses.field(default_factory=dict)
+    per_round: float = 0.0  # seconds one timing round will take
+
+    def add(
+        self,
+        i: int,
+        units: float,
+        prepared: _measure.Prepared,
+        call: Any,
+    ) -> None:
+        """Keeps candidate i's verified step (`units`, as `_graph_units`)
+        for timing."""
+        self.builds.append((units, prepared.build_seconds))
+        self.timers[i] = _measure.timer(call)
+        self.reps[i] = _measure.reps_for(
+            prepared.seconds_per_call, _TARGET_SECONDS, _MAX_REPS
+        )
+        self.per_round += self.reps[i] * prepared.seconds_per_call
+
+
 def _search(
     gradients: GradientList,
     topology: Topology,
@@ -211,55 +241,78 @@ def _search(
     path: pathlib.Path,
 ) -> AutotuneResult:
     """Builds, checks and times the candidates within the budget."""
+
+    def seconds_left() -> float:  # negative once overrun
+        return budget - (time.monotonic() - start)
+
     plan = _candidates.ordered(
         _candidates.timed_candidates(topology, gradients), topology, gradients
     )
+    built = _build_candidates(plan, gradients, topology, seconds_left)
+    if not built.timers:
+        failures = "; ".join(f"{m.label}: {m.error}" for m in built.records)
+        raise RuntimeError(f"autotune: no candidate verified: {failures}")
+    rounds, samples, errors = _first_rounds(built, seconds_left())
+    left = seconds_left()
+    records, best = _confirm_best(built, rounds, samples, errors, left)
+    chosen = records[best]
+    elapsed = time.monotonic() - start
+    measured = sum(1 for m in records if m.median_seconds is not None)
+    logging.info(
+        "autotune: chose %s (%.2f ms, median of %d rounds; %d of %d "
+        "candidates timed) in %.0f s of a %g s budget",
+        chosen.label,
+        statistics.median(samples[best]) * 1e3,
+        len(samples[best]),
+        measured,
+        len(plan),
+        elapsed,
+        budget,
+    )
+    return AutotuneResult(
+        config=chosen.config,
+        label=chosen.label,
+        measurements=tuple(records),
+        budget_seconds=budget,
+        elapsed_seconds=elapsed,
+        complete=all(m.verified is not None for m in records),
+        from_cache=False,
+        cache_file=str(path),
+    )
+
+
+def _build_candidates(
+    plan: Sequence[tuple[Config, float | None]],
+    gradients: GradientList,
+    topology: Topology,
+    seconds_left: Callable[[], float],
+) -> _Built:
+    """Builds and checks the candidates in the plan's order; skips each
+    whose estimated build and timing would not fit in the budget left
+    (`_skip_reason`), once one has verified."""
     inputs = _measure.Inputs(gradients, topology.devices)
     total = len(plan)
-    records: list[CandidateResult] = []
-    built: list[tuple[float, float]] = []  # (graph units, build seconds)
-    timers: dict[int, _measure.TimeFn] = {}
-    reps: dict[int, int] = {}
-    per_round = 0.0  # seconds one timing round will take
+    built = _Built()
     for i, (config, predicted) in enumerate(plan):
         name = label(config)
-        left = budget - (time.monotonic() - start)
+        record = functools.partial(CandidateResult, name, config, predicted)
+        left = seconds_left()
         units = _graph_units(config, gradients, topology)
-        estimate = _build_estimate(units, built)
-        guess = max(_TARGET_SECONDS, per_round / max(len(timers), 1))
-        # The first rounds with this one, and the fewest confirmation
-        # rounds of the finalists (with the margin the rounds are planned
-        # with below).
-        timing = _SAFETY * (
-            _ROUNDS * (per_round + guess)
-            + _CONFIRM_ROUNDS[0] * _FINALISTS * guess
-        )
-        if timers and estimate + timing > left:
-            why = (
-                f"skipped: estimated {estimate:.1f} s to build and "
-                f"{timing:.1f} s to time, {max(left, 0):.0f} s of budget left"
-            )
+        why = _skip_reason(units, built, left)
+        if why is not None:
             logging.info("autotune [%d/%d] %s: %s", i + 1, total, name, why)
-            records.append(CandidateResult(name, config, predicted, error=why))
+            built.records.append(record(error=why))
             continue
         try:
             ops = make_ops(config, topology)
         except (TypeError, ValueError) as e:
-            records.append(
-                CandidateResult(name, config, predicted, False, f"{e}")
-            )
+            built.records.append(record(False, f"{e}"))
             continue
         check = inputs.check_for(
             config[1].get("compression"), topology.num_workers
         )
-        body = _measure.all_reduce_body(ops, inputs)
-
-        def build(body: Any = body, check: Any = check) -> Any:
-            step = _measure.Step(body)
-            return step.timed, lambda: step.verify(check)
-
-        prepared, call = _measure.prepare(build, warmup=1)
-        left = budget - (time.monotonic() - start)
+        prepared, call = _prepare(_measure.all_reduce_body(ops, inputs), check)
+        left = seconds_left()
         if call is None:
             logging.info(
                 "autotune [%d/%d] %s: failed (%s), %.0f s of budget left",
@@ -270,12 +323,7 @@ def _search(
                 max(left, 0),
             )
         else:
-            built.append((units, prepared.build_seconds))
-            timers[i] = _measure.timer(call)
-            reps[i] = _measure.reps_for(
-                prepared.seconds_per_call, _TARGET_SECONDS, _MAX_REPS
-            )
-            per_round += reps[i] * prepared.seconds_per_call
+            built.add(i, units, prepared, call)
             logging.info(
                 "autotune [%d/%d] %s: %.2f ms, %.0f s of budget left",
                 i + 1,
@@ -284,32 +332,81 @@ def _search(
                 prepared.seconds_per_call * 1e3,
                 max(left, 0),
             )
-        records.append(
-            CandidateResult(
-                name,
-                config,
-                predicted,
-                prepared.verified,
-                prepared.error,
-                prepared.build_seconds,
-            )
+        built.records.append(
+            record(prepared.verified, prepared.error, prepared.build_seconds)
         )
-    if not timers:
-        failures = "; ".join(f"{m.label}: {m.error}" for m in records)
-        raise RuntimeError(f"autotune: no candidate verified: {failures}")
-    left = budget - (time.monotonic() - start)
+    return built
+
+
+def _prepare(body: Any, check: _measure.Check) -> tuple[_measure.Prepared, Any]:
+    """`measure.prepare` of a step of `body`, checked by `check`."""
+
+    def build() -> Any:
+        step = _measure.Step(body)
+        return step.timed, lambda: step.verify(check)
+
+    return _measure.prepare(build, warmup=1)
+
+
+def _skip_reason(units: float, built: _Built, left: float) -> str | None:
+    """Why a candidate of `units` (`_graph_units`) is not built with `left`
+    seconds of budget (None: build it): once one has verified, its
+    estimated build, the first rounds with it and the fewest confirmation
+    rounds of the finalists (with the rounds' margin) must fit."""
+    estimate = _build_estimate(units, built.builds)
+    guess = max(_TARGET_SECONDS, built.per_round / max(len(built.timers), 1))
+    timing = _SAFETY * (
+        _ROUNDS * (built.per_round + guess)
+        + _CONFIRM_ROUNDS[0] * _FINALISTS * guess
+    )
+    if built.timers and estimate + timing > left:
+        return (
+            f"skipped: estimated {estimate:.1f} s to build and "
+            f"{timing:.1f} s to time, {max(left, 0):.0f} s of budget left"
+        )
+    return None
+
+
+def _first_rounds(
+    built: _Built, left: float
+) -> tuple[int, dict[int, list[float]], dict[str, str]]:
+    """Times the verified candidates in interleaved rounds, as many as fit
+    in the `left` seconds of budget (at most `_ROUNDS`, at least one).
+
+    Returns:
+        (the rounds run, the samples of each candidate that has some, the
+        errors of those that raised, by index as a string).
+    """
     # A round costs more than its calls (ordering, the timer itself): plan
     # with the margin, or the rounds would end past the budget.
-    rounds = confirmation_rounds(_SAFETY * per_round, left, 1, _ROUNDS) or 1
+    per_round = _SAFETY * built.per_round
+    rounds = confirmation_rounds(per_round, left, 1, _ROUNDS) or 1
     timed, errors = _measure.interleaved_rounds(
-        {str(i): t for i, t in timers.items()},
-        {str(i): r for i, r in reps.items()},
+        {str(i): t for i, t in built.timers.items()},
+        {str(i): r for i, r in built.reps.items()},
         rounds,
     )
     samples = {int(k): v for k, v in timed.items() if v}
-    left = budget - (time.monotonic() - start)
-    final, confirmed, failed = _confirm(samples, timers, reps, left)
+    return rounds, samples, errors
+
+
+def _confirm_best(
+    built: _Built,
+    rounds: int,
+    samples: dict[int, list[float]],
+    errors: dict[str, str],
+    left: float,
+) -> tuple[list[CandidateResult], int]:
+    """Times the finalists again (`_confirm`) in the `left` seconds of
+    budget and picks the fastest.
+
+    Returns:
+        (the records with their errors, medians and confirmation rounds;
+        the best's index, among the confirmed finalists if any).
+    """
+    final, confirmed, failed = _confirm(samples, built.timers, built.reps, left)
     errors |= {str(i): e for i, e in failed.items()}
+    records = list(built.records)
     for k, error in errors.items():
         records[int(k)] = dataclasses.replace(
             records[int(k)], verified=True, error=error
@@ -347,32 +444,8 @@ def _search(
         )
     # Confirmed finalists were timed together, later: compare only them.
     contenders = [i for i in final if i in samples] if confirmed else []
-    best = fastest(
+    return records, fastest(
         {i: samples[i] for i in contenders} if contenders else samples
-    )
-    chosen = records[best]
-    elapsed = time.monotonic() - start
-    measured = sum(1 for m in records if m.median_seconds is not None)
-    logging.info(
-        "autotune: chose %s (%.2f ms, median of %d rounds; %d of %d "
-        "candidates timed) in %.0f s of a %g s budget",
-        chosen.label,
-        statistics.median(samples[best]) * 1e3,
-        len(samples[best]),
-        measured,
-        total,
-        elapsed,
-        budget,
-    )
-    return AutotuneResult(
-        config=chosen.config,
-        label=chosen.label,
-        measurements=tuple(records),
-        budget_seconds=budget,
-        elapsed_seconds=elapsed,
-        complete=all(m.verified is not None for m in records),
-        from_cache=False,
-        cache_file=str(path),
     )
 
 

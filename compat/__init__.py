@@ -39,52 +39,28 @@ silenced:
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import _names
+from . import _names, _ops, _packers, _values
 from ._warnings import warn_once
 
-# Legacy name -> (module of this package, attribute).
-_WHERE: dict[str, tuple[str, str]] = {
-    "CrossTowerOps": ("_ops", "CrossTowerOps"),
-    "CrossDeviceOps": ("_ops", "CrossDeviceOps"),
-    "ReductionToOneDeviceCrossTowerOps": (
-        "_ops",
-        "ReductionToOneDeviceCrossTowerOps",
-    ),
-    "ReductionToOneDevice": ("_ops", "ReductionToOneDevice"),
-    "AllReduceCrossTowerOps": ("_ops", "AllReduceCrossTowerOps"),
-    "NcclAllReduce": ("_ops", "NcclAllReduce"),
-    "HierarchicalCopyAllReduce": ("_ops", "HierarchicalCopyAllReduce"),
-    "MultiWorkerAllReduce": ("_ops", "MultiWorkerAllReduce"),
-    "CollectiveAllReduce": ("_ops", "CollectiveAllReduce"),
-    "AllReduceSpecTuple": ("_ops", "AllReduceSpecTuple"),
-    "choose_the_best": ("_ops", "choose_the_best"),
-    "CollectiveHints": ("_ops", "collective_hints"),
-    "MirroredStrategy": ("_ops", "mirrored_strategy"),
-    "ReduceOp": ("_ops", "ReduceOp"),
-    "ConcatAndSplitPacker": ("_packers", "ConcatAndSplitPacker"),
-    "AggregateSmallTensorPacker": ("_packers", "AggregateSmallTensorPacker"),
-    "PerDevice": ("_values", "per_device"),
-    "Mirrored": ("_values", "Mirrored"),
-    "check_destinations": ("_values", "check_destinations"),
-    "validate_destinations": ("_values", "validate_destinations"),
-    "get_devices_from": ("_values", "get_devices_from"),
+# The modules of this package that `_names.Legacy.home` names.
+_MODULES = {
+    module.__name__.rpartition(".")[2]: module
+    for module in (_ops, _packers, _values)
 }
-assert set(_WHERE) == set(_names.LEGACY), set(_WHERE) ^ set(_names.LEGACY)
 
-__all__ = sorted(_WHERE)
+__all__ = sorted(_names.LEGACY)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
+    if name not in _names.LEGACY:
         raise AttributeError(
             f"module 'tf_crossdevice.compat' has no attribute {name!r}; its "
             f"legacy names are {', '.join(__all__)}"
         )
-    module, attribute = _WHERE[name]
-    value = getattr(importlib.import_module(f".{module}", __name__), attribute)
+    module, _, attribute = _names.LEGACY[name].home.partition(".")
+    value = getattr(_MODULES[module], attribute)
     # Python's warnings skip the import system's frames of
     # `from tf_crossdevice.compat import X`: the warning names that line.
     warn_once(name, _names.warning_text(name))
@@ -92,10 +68,13 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+    return sorted(set(globals()) | set(_names.LEGACY))
 
 
-if TYPE_CHECKING:  # Type checkers see the names without the warning.
+# For type checkers only: a name bound at run time would never reach
+# `__getattr__`, so it would not warn. compat_test checks these imports
+# against `_names.LEGACY`.
+if TYPE_CHECKING:
     from ._ops import (  # noqa: F401
         AllReduceCrossTowerOps,
         AllReduceSpecTuple,

@@ -1,8 +1,8 @@
 """The legacy names, what replaces each, and what changed on purpose.
 
-One table serves the compat layer (its deprecation warnings) and the
-migration command (what it rewrites, and what it reports it cannot). Pure
-data: importing it starts no TensorFlow.
+One table serves the compat layer (where each name lives, and its
+deprecation warning) and the migration command (what it rewrites, and what
+it reports it cannot). Pure data: importing it starts no TensorFlow.
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ class Legacy:
         rename: True when the migration command rewrites the name to
             `replacement` (plus the keyword and constant rewrites below);
             False when it leaves the name and reports it.
+        home: what `tf_crossdevice.compat.<name>` gives, as `module.attribute`
+            of the compat package (`_ops.collective_hints`).
     """
 
     name: str
     replacement: str
     change: str = ""
     rename: bool = True
+    home: str = dataclasses.field(kw_only=True)
 
 
 _REDUCE_CHANGE = (
@@ -42,32 +45,42 @@ LEGACY: dict[str, Legacy] = {
     legacy.name: legacy
     for legacy in (
         # tf.contrib.distribute (TF 1.10-1.12, cross_tower_ops.py).
-        Legacy("CrossTowerOps", "tf.distribute.CrossDeviceOps", _REDUCE_CHANGE),
+        Legacy(
+            "CrossTowerOps",
+            "tf.distribute.CrossDeviceOps",
+            _REDUCE_CHANGE,
+            home="_ops.CrossTowerOps",
+        ),
         Legacy(
             "ReductionToOneDeviceCrossTowerOps",
             "tf_crossdevice.ReductionToOneDevice",
             _REDUCE_CHANGE,
+            home="_ops.ReductionToOneDeviceCrossTowerOps",
         ),
         Legacy(
             "AllReduceCrossTowerOps",
             "tf_crossdevice.AllReduceCrossDeviceOps",
             _REDUCE_CHANGE,
+            home="_ops.AllReduceCrossTowerOps",
         ),
         Legacy(
             "MultiWorkerAllReduce",
             "tf_crossdevice.MultiWorkerAllReduce",
             _REDUCE_CHANGE,
+            home="_ops.MultiWorkerAllReduce",
         ),
         Legacy(
             "CollectiveAllReduce",
             "tf_crossdevice.CollectiveAllReduce",
             _REDUCE_CHANGE + "; between workers it runs under "
             "tf_crossdevice.MultiWorkerMirroredStrategy",
+            home="_ops.CollectiveAllReduce",
         ),
         Legacy(
             "AllReduceSpecTuple",
             "a plain (alg, shards, limit) tuple",
             "all_reduce_spec takes plain tuples; the named tuple is gone",
+            home="_ops.AllReduceSpecTuple",
         ),
         Legacy(
             "ConcatAndSplitPacker",
@@ -75,6 +88,7 @@ LEGACY: dict[str, Legacy] = {
             "the CrossDeviceOps classes pack for you; there is no public "
             "packer object",
             rename=False,
+            home="_packers.ConcatAndSplitPacker",
         ),
         Legacy(
             "AggregateSmallTensorPacker",
@@ -83,30 +97,35 @@ LEGACY: dict[str, Legacy] = {
             "the CrossDeviceOps classes pack for you; there is no public "
             "packer object",
             rename=False,
+            home="_packers.AggregateSmallTensorPacker",
         ),
         Legacy(
             "choose_the_best",
             "tf_crossdevice.select_cross_device_ops",
             "session_config is ignored: TensorFlow 2 reads device links "
             "without a Session",
+            home="_ops.choose_the_best",
         ),
         Legacy(
             "check_destinations",
             "nothing: tf.distribute.CrossDeviceOps methods check their "
             "destinations",
             rename=False,
+            home="_values.check_destinations",
         ),
         Legacy(
             "validate_destinations",
             "nothing: tf.distribute.CrossDeviceOps methods check their "
             "destinations",
             rename=False,
+            home="_values.validate_destinations",
         ),
         Legacy(
             "get_devices_from",
             "the .devices of a distributed value, or the device strings "
             "themselves",
             rename=False,
+            home="_values.get_devices_from",
         ),
         Legacy(
             "PerDevice",
@@ -115,6 +134,7 @@ LEGACY: dict[str, Legacy] = {
             "TensorFlow 2's PerReplica is built by a strategy, not from a "
             "{device: value} dict",
             rename=False,
+            home="_values.per_device",
         ),
         Legacy(
             "Mirrored",
@@ -124,39 +144,46 @@ LEGACY: dict[str, Legacy] = {
             "{device: value} dict, and has no get(device) or devices: read "
             ".values",
             rename=False,
+            home="_values.Mirrored",
         ),
         Legacy(
             "MirroredStrategy",
             "tf.distribute.MirroredStrategy",
             "devices= replaces num_gpus=, and cross_device_ops= replaces "
             "cross_tower_ops=",
+            home="_ops.mirrored_strategy",
         ),
         # tf.compat.v1.distribute and TF 2.2-2.3's experimental names.
         Legacy(
             "CrossDeviceOps",
             "tf.distribute.CrossDeviceOps",
             "options= replaces TF 2.2's experimental_hints=",
+            home="_ops.CrossDeviceOps",
         ),
         Legacy(
             "ReductionToOneDevice",
             "tf_crossdevice.ReductionToOneDevice",
             "options= replaces TF 2.2's experimental_hints=",
+            home="_ops.ReductionToOneDevice",
         ),
         Legacy(
             "NcclAllReduce",
             "tf_crossdevice.NcclAllReduce",
             "options= replaces TF 2.2's experimental_hints=",
+            home="_ops.NcclAllReduce",
         ),
         Legacy(
             "HierarchicalCopyAllReduce",
             "tf_crossdevice.HierarchicalCopyAllReduce",
             "options= replaces TF 2.2's experimental_hints=",
+            home="_ops.HierarchicalCopyAllReduce",
         ),
-        Legacy("ReduceOp", "tf.distribute.ReduceOp"),
+        Legacy("ReduceOp", "tf.distribute.ReduceOp", home="_ops.ReduceOp"),
         Legacy(
             "CollectiveHints",
             "tf.distribute.experimental.CommunicationOptions",
             "it also takes implementation= (RING, NCCL or AUTO)",
+            home="_ops.collective_hints",
         ),
     )
 }

@@ -28,9 +28,3 @@ def warn_once(key: str, message: str, stacklevel: int = 3) -> None:
             return
         _warned.add(key)
     warnings.warn(message, DeprecationWarning, stacklevel=stacklevel)
-
-
-def forget() -> None:
-    """Lets every key warn again (for tests)."""
-    with _lock:
-        _warned.clear()

@@ -7,6 +7,7 @@ a TF 1 graph, and check the numbers against numpy.
 
 from __future__ import annotations
 
+import ast
 import doctest
 import importlib
 import inspect
@@ -24,6 +25,7 @@ import tf_crossdevice
 from tf_crossdevice import testing
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+NAMES = importlib.import_module("tf_crossdevice.compat._names")
 
 # Every legacy name and a word its warning must contain: the replacement.
 REPLACEMENTS = {
@@ -53,10 +55,6 @@ REPLACEMENTS = {
 
 def compat():
     return importlib.import_module("tf_crossdevice.compat")
-
-
-def forget_warnings():
-    importlib.import_module("tf_crossdevice.compat._warnings").forget()
 
 
 def legacy(name):
@@ -91,9 +89,29 @@ def test_all_names_every_legacy_name():
     assert sorted(compat().__all__) == sorted(REPLACEMENTS)
 
 
+def test_type_checkers_see_each_name_from_its_home():
+    # compat imports its names for type checkers only (at run time they come
+    # from __getattr__, which warns): the same names, from _names.LEGACY's
+    # homes.
+    tree = ast.parse(pathlib.Path(compat().__file__).read_text())
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If)
+        and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    seen = {
+        alias.asname or alias.name: f"{node.module}.{alias.name}"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert seen == {name: legacy.home for name, legacy in NAMES.LEGACY.items()}
+
+
+@pytest.mark.usefixtures("forget_warnings")
 @pytest.mark.parametrize("name", sorted(REPLACEMENTS))
 def test_each_name_warns_once_naming_its_replacement(name):
-    forget_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         first = getattr(compat(), name)
@@ -106,8 +124,8 @@ def test_each_name_warns_once_naming_its_replacement(name):
     assert caught[0].filename == __file__  # the line that asked for it
 
 
+@pytest.mark.usefixtures("forget_warnings")
 def test_a_warning_filter_silences_them():
-    forget_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         warnings.filterwarnings(
@@ -176,9 +194,6 @@ def test_legacy_classes_are_the_new_ones():
     assert issubclass(legacy("CrossTowerOps"), legacy("CrossDeviceOps"))
     assert legacy("CrossTowerOps") is not legacy("CrossDeviceOps")
     assert legacy("ReduceOp") is tf.distribute.ReduceOp
-
-
-NAMES = importlib.import_module("tf_crossdevice.compat._names")
 
 
 @pytest.mark.parametrize("name", sorted(NAMES.CONSTRUCTOR_PARAMETERS))
@@ -454,8 +469,8 @@ def test_errors_say_what_to_pass(kwargs, error, match):
         )
 
 
+@pytest.mark.usefixtures("forget_warnings")
 def test_legacy_keywords_warn_once_each():
-    forget_warnings()
     ops = make_ops("ReductionToOneDeviceCrossTowerOps")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

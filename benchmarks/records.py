@@ -6,7 +6,7 @@ rooflines, bounds and baselines, each with a `measure.Timing`. A result's
 time is its median minus its baseline's median: the all-reduce's own cost,
 as nccl-tests times it, without the cost of producing its inputs. JSON is
 `dataclasses.asdict` of a `Run`; `Run.read` turns it back into records
-(also the first format's, docs/benchmark/rest.json and small8.json: see
+(also the first format's, benchmarks/records/rest.json and small8.json: see
 `upgraded_group`).
 
 >>> def entry(name, family, baseline, seconds):

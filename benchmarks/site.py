@@ -1,13 +1,14 @@
 """Writes the documentation site's benchmark page from the records.
 
-    python -m benchmarks.site  # docs/benchmark/*.json -> index.md beside them
+    python -m benchmarks.site  # benchmarks/records/*.json -> the page
 
-Every figure on the page comes from a record (`records.Run.read`), so the
-page is rewritten, never edited: per record, the date, machine and command
-it stored, a summary table (one row per group: TF's best and ours, with
-their net times from the confirmation rounds and the ratios), and one table
-per group with every candidate. tests/benchmarks/site_test.py checks that
-the committed page is what this command writes from the committed records.
+Every figure on the page (docs/benchmark/index.md) comes from a record
+(`records.Run.read`), so the page is rewritten, never edited: per record,
+the date, machine and command it stored, a summary table (one row per
+group: TF's best and ours, with their net times from the confirmation
+rounds and the ratios), and one table per group with every candidate.
+tests/benchmarks/site_test.py checks that the committed page is what this
+command writes from the committed records.
 
 >>> group = records.Group("single_process", "w", "", 2, 1, 8, 2, "float32")
 >>> records.add_results(group, [
@@ -34,17 +35,20 @@ from benchmarks.report import (
     training_table,
 )
 
-RECORDS_DIR = pathlib.Path(__file__).resolve().parents[1] / "docs/benchmark"
-PAGE_NAME = "index.md"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# The run records are data beside the benchmark; the page they give is the
+# documentation site's.
+RECORDS_DIR = REPO / "benchmarks/records"
+PAGE = REPO / "docs/benchmark/index.md"
 
 _INTRO = """\
 # Benchmark
 
-<!-- Written by `python -m benchmarks.site` from docs/benchmark/*.json:
+<!-- Written by `python -m benchmarks.site` from benchmarks/records/*.json:
      do not edit; run the command again after adding a record. -->
 
-Each section below is one benchmark record in `docs/benchmark/` (its JSON
-holds every sample). The benchmark reduces (SUM) the same tensors with ours
+Each section below is one benchmark record in `benchmarks/records/` (its
+JSON holds every sample). The benchmark reduces (SUM) the same tensors with ours
 and TensorFlow's built-ins inside `tf.function`, in interleaved rounds
 after a warm-up, checks every result against numpy before timing it, and
 times the best of each family again side by side (confirmation rounds).
@@ -159,7 +163,7 @@ def record_section(name: str, run: records.Run) -> str:
     for key in ("date", "machine"):
         if meta.get(key):
             lines.append(f"- {key}: {meta[key]}")
-    lines.append(f"- record: `docs/benchmark/{name}.json`")
+    lines.append(f"- record: `benchmarks/records/{name}.json`")
     if meta.get("command"):
         lines += ["", "```sh", str(meta["command"]), "```"]
     lines.append("")
@@ -196,10 +200,9 @@ def read_records(directory: pathlib.Path) -> list[tuple[str, records.Run]]:
 
 
 def write(
-    directory: pathlib.Path = RECORDS_DIR, output: pathlib.Path | None = None
+    directory: pathlib.Path = RECORDS_DIR, output: pathlib.Path = PAGE
 ) -> pathlib.Path:
-    """Writes the page for `directory`'s records (default: index.md there)."""
-    output = output or directory / PAGE_NAME
+    """Writes the page for `directory`'s records to `output`."""
     output.write_text(page(read_records(directory)))
     return output
 
@@ -215,8 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--output",
         type=pathlib.Path,
-        default=None,
-        help=f"the page to write (default: RECORDS_DIR/{PAGE_NAME})",
+        default=PAGE,
+        help="the page to write (default: docs/benchmark/index.md)",
     )
     args = parser.parse_args(argv)
     print(f"wrote {write(args.records_dir, args.output)}")

@@ -569,9 +569,9 @@ def test_records_survive_json(tmp_path):
 
 
 def test_records_read_the_first_format():
-    # docs/benchmark/small8.json predates records.Run: flat results,
+    # benchmarks/records/small8.json predates records.Run: flat results,
     # baselines by name, confirmation times under "times".
-    path = REPO / "docs" / "benchmark" / "small8.json"
+    path = REPO / "benchmarks" / "records" / "small8.json"
     raw = json.loads(path.read_text())["groups"][0]
     (group,) = records.Run.read(path).groups
     assert [r.name for r in group.results] == [

@@ -38,7 +38,7 @@ def _record(path: pathlib.Path) -> None:
 
 def test_page_from_a_record_has_its_meta_and_table_rows(tmp_path):
     _record(tmp_path / "small.json")
-    output = site.write(tmp_path)
+    output = site.write(tmp_path, tmp_path / "index.md")
     assert output == tmp_path / "index.md"
     lines = output.read_text().splitlines()
     assert "## small" in lines
@@ -67,8 +67,9 @@ def test_a_record_without_date_or_command_leaves_them_out(tmp_path):
 
 def test_the_committed_page_is_what_the_records_give(tmp_path):
     """Adding or changing a record needs `python -m benchmarks.site`."""
-    committed = site.RECORDS_DIR / site.PAGE_NAME
-    assert site.RECORDS_DIR == REPO / "docs" / "benchmark"
+    committed = site.PAGE
+    assert site.RECORDS_DIR == REPO / "benchmarks" / "records"
+    assert committed == REPO / "docs" / "benchmark" / "index.md"
     written = site.write(site.RECORDS_DIR, tmp_path / "index.md")
     assert committed.read_text() == written.read_text(), (
         "docs/benchmark/index.md is stale: run `python -m benchmarks.site`"

@@ -32,7 +32,15 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
+
+from benchmarks import candidates as candidates_lib  # noqa: E402
+from benchmarks import groups as groups_lib  # noqa: E402
+from benchmarks import records, report, targets, training  # noqa: E402
+from benchmarks import workloads as workloads_lib  # noqa: E402
+from tf_crossdevice.cluster import hosts as hosts_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 WORKLOADS = ("resnet50", "bert_base", "many_small", "sweep")
@@ -145,18 +153,17 @@ def define_flags() -> None:
 
 
 def _workloads(flag: str) -> list[Any]:
-    from benchmarks import workloads
-
     out = []
     for name in FLAGS[flag].value or ():
         if name == "resnet50":
-            out.append(workloads.resnet50().truncated(FLAGS.resnet50_tensors))
+            resnet = workloads_lib.resnet50()
+            out.append(resnet.truncated(FLAGS.resnet50_tensors))
         elif name == "bert_base":
-            out.append(workloads.bert_base())
+            out.append(workloads_lib.bert_base())
         elif name == "many_small":
-            out.append(workloads.many_small(FLAGS.many_small_count))
+            out.append(workloads_lib.many_small(FLAGS.many_small_count))
         elif name == "sweep" and flag == "workloads":
-            out += workloads.sweep(
+            out += workloads_lib.sweep(
                 FLAGS.sweep_min_bytes, FLAGS.sweep_max_bytes, FLAGS.sweep_step
             )
         else:
@@ -179,9 +186,6 @@ def missing_extras() -> str | None:
 
 
 def _machine() -> str:
-    import numpy as np
-    import tensorflow as tf
-
     return (
         f"{os.cpu_count()} CPU cores "
         f"({platform.processor() or platform.machine()}), load average "
@@ -207,8 +211,6 @@ def main(argv: list[str]) -> int:
             FLAGS[name].value = value
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-        import tensorflow as tf
-
         # Every candidate is a new tf.function by design: no retrace warnings.
         tf.get_logger().setLevel("ERROR")
     devices = [int(v) for v in FLAGS.devices]
@@ -217,8 +219,6 @@ def main(argv: list[str]) -> int:
     emulated = [int(v) for v in FLAGS.emulated_hosts]
     training_hosts = [int(v) for v in FLAGS.training_hosts]
     if emulated or training_hosts:
-        from tf_crossdevice.cluster import hosts as hosts_lib
-
         try:
             hosts_lib.parse_rate(FLAGS.link_rate)
         except ValueError as e:
@@ -229,11 +229,8 @@ def main(argv: list[str]) -> int:
     if missing:
         print(missing, file=sys.stderr)
         return 1
+    # An optional extra: imported once missing_extras() has checked for it.
     import tqdm  # type: ignore[import-untyped]
-
-    from benchmarks import candidates as candidates_lib
-    from benchmarks import groups as groups_lib
-    from benchmarks import records, report, targets, training
 
     started = time.time()
     meta: dict[str, Any] = {

@@ -300,6 +300,7 @@ def write_plot(path: pathlib.Path, groups: Sequence[Group]) -> None:
     Sweep points are joined by lines (TF's dashed, the roofline dotted and
     black); the tensor sets are single markers at their total size.
     """
+    # An optional extra ('.[benchmark]'): benchmarks.site runs without it.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -4,8 +4,10 @@ A libcst transformer works on the concrete syntax tree, so comments and
 formatting survive. Names are resolved through the module's imports
 (libcst's QualifiedNameProvider), so `distribute.X` is a legacy name only
 where `distribute` was imported from a legacy module. What to rewrite, and
-why a name cannot be, comes from `_names`. Pure libcst: no TensorFlow import,
-so the command starts fast.
+why a name cannot be, comes from `_names`; calls that change shape are
+checked and built in `_calls`, import statements fixed in `_imports`, and
+what happened is reported as `_report` findings. Pure libcst: no TensorFlow
+import, so the command starts fast.
 
 >>> print(rewrite("from tf_crossdevice import compat\\n"
 ...               "ops = compat.AllReduceCrossTowerOps('nccl')\\n").code)
@@ -18,34 +20,28 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import enum
-import json
 import re
-from collections.abc import Iterator, Sequence
 
 import libcst as cst
 from libcst import helpers, metadata
 
-from . import _names
+from . import _calls, _names
+from ._imports import (
+    ImportPruner,
+    ImportRecord,
+    Imports,
+    insertion_index,
+    is_legacy_target,
+    prune_body,
+    prune_import,
+)
+from ._report import Finding, Kind, ParseError, Rewrite, one_line
+from ._syntax import as_keyword, bind, chain, code_of, is_none, with_args
 
 # A LEGACY replacement that is code: a dotted name the command can write.
 _DOTTED = re.compile(r"(tf|tf_crossdevice)(\.\w+)+")
-# Legacy names whose calls change shape, not just name (see _Upgrader).
-_SPECIAL_CALLS = ("AllReduceSpecTuple", "choose_the_best", "MirroredStrategy")
 # Keywords that hold the reduce op in REDUCE_METHODS calls.
 _REDUCE_OP_KEYWORDS = ("aggregation", "method_string", "reduce_op")
-# Import statements the rewritten code may need, by the name it binds and the
-# module bound to it; written in this order after the last top-level import.
-_IMPORTS = {
-    "import tensorflow as tf": ("tf", "tensorflow"),
-    "import tensorflow": ("tensorflow", "tensorflow"),
-    "import tf_crossdevice": ("tf_crossdevice", "tf_crossdevice"),
-    "import tf_crossdevice.compat": (
-        "tf_crossdevice.compat",
-        "tf_crossdevice.compat",
-    ),
-}
-_REPORT_WIDTH = 80
 # Code without any of these has nothing to rewrite or report, and skips the
 # name resolution (most of the time spent on a module): every legacy source
 # is spelled with one, and so is every keyword and reduce op rewritten.
@@ -65,60 +61,6 @@ _CLUES = re.compile(
         ]
     )
 )
-
-
-class Kind(enum.Enum):
-    """What a report line says about a piece of code."""
-
-    CHANGED = "changed"
-    NOT_CONVERTED = "not converted"
-    CANNOT_PARSE = "cannot parse"
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    """One report line: a change, or something left for a person.
-
-    Attributes:
-        line: the line in the original file.
-        kind: what happened.
-        message: "OLD -> NEW" for a change, "WHAT (WHY)" otherwise.
-    """
-
-    line: int
-    kind: Kind
-    message: str
-
-    def report_line(self, path: str) -> str:
-        """`PATH:LINE: changed OLD -> NEW` or `PATH:LINE: KIND: MESSAGE`.
-
-        >>> Finding(3, Kind.CHANGED, "a -> b").report_line("x.py")
-        'x.py:3: changed a -> b'
-        >>> Finding(4, Kind.NOT_CONVERTED, "f (why)").report_line("x.py")
-        'x.py:4: not converted: f (why)'
-        """
-        separator = " " if self.kind is Kind.CHANGED else ": "
-        return f"{path}:{self.line}: {self.kind.value}{separator}{self.message}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Rewrite:
-    """The rewritten code of one module and its report, in line order."""
-
-    code: str
-    findings: tuple[Finding, ...]
-
-    def count(self, kind: Kind) -> int:
-        return sum(finding.kind is kind for finding in self.findings)
-
-
-class ParseError(ValueError):
-    """The code is not Python that libcst can parse."""
-
-    def __init__(self, line: int, message: str):
-        super().__init__(f"line {line}: {message}")
-        self.line = line
-        self.message = message
 
 
 def rewrite(code: str) -> Rewrite:
@@ -146,173 +88,12 @@ def rewrite(code: str) -> Rewrite:
     return Rewrite(new_code, tuple(finding for _, finding in findings))
 
 
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
-def _one_line(code: str) -> str:
-    """Code for a report line: one line, at most _REPORT_WIDTH characters."""
-    text = " ".join(code.split())
-    text = re.sub(r"([(\[{]) ", r"\1", text)
-    text = re.sub(r",? ([)\]}])", r"\1", text)
-    if len(text) > _REPORT_WIDTH:
-        text = text[: _REPORT_WIDTH - 3] + "..."
-    return text
-
-
-def _chain(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """`a.b.c`, `a.b`, `a`: the node and the attribute chain inside it."""
-    while isinstance(node, cst.Attribute):
-        yield node
-        node = node.value
-    yield node
-
-
-def _is_none(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value == "None"
-
-
-def _bind(
-    call: cst.Call, positional: Sequence[str], keyword_only: Sequence[str] = ()
-) -> tuple[dict[str, int], list[int]]:
-    """Parameter name -> argument index, and the indexes that bind to none.
-
-    An argument binds to none when it is starred, an extra positional one,
-    an unknown keyword, or a second value for a parameter.
-    """
-    bound: dict[str, int] = {}
-    unbound: list[int] = []
-    for index, arg in enumerate(call.args):
-        if arg.star:
-            unbound.append(index)
-            continue
-        if arg.keyword is None:
-            name = positional[index] if index < len(positional) else None
-        else:
-            name = arg.keyword.value
-        known = (*positional, *keyword_only)
-        if name is None or name not in known or name in bound:
-            unbound.append(index)
-        else:
-            bound[name] = index
-    return bound, unbound
-
-
-def _with_args(call: cst.Call, args: Sequence[cst.Arg]) -> cst.Call:
-    """`call` with `args`, the last one ending as the call's last did."""
-    args = list(args)
-    if args and call.args:
-        args[-1] = args[-1].with_changes(comma=call.args[-1].comma)
-    return call.with_changes(args=args)
-
-
-def _as_keyword(arg: cst.Arg, keyword: str) -> cst.Arg:
-    if arg.keyword is not None:
-        return arg.with_changes(keyword=cst.Name(keyword))
-    return arg.with_changes(
-        keyword=cst.Name(keyword),
-        equal=cst.AssignEqual(
-            whitespace_before=cst.SimpleWhitespace(""),
-            whitespace_after=cst.SimpleWhitespace(""),
-        ),
-    )
-
-
-def _gpu_devices(num_gpus: cst.BaseExpression) -> cst.BaseExpression:
-    """contrib MirroredStrategy's devices for `num_gpus` (0: the CPU)."""
-    if isinstance(num_gpus, cst.Integer):
-        count = int(num_gpus.evaluated_value)
-        devices = [f"/gpu:{i}" for i in range(count)] or ["/cpu:0"]
-        return cst.parse_expression(json.dumps(devices))
-    return cst.parse_expression(
-        f'[f"/gpu:{{i}}" for i in range({_code(num_gpus)})] or ["/cpu:0"]'
-    )
-
-
-# contrib MirroredStrategy's parameters the command converts: positional,
-# then keyword-only (TF 1.13's spelling of cross_tower_ops).
-_STRATEGY_PARAMETERS = (
-    ("devices", "num_gpus", "cross_tower_ops"),
-    ("cross_device_ops",),
-)
-
-
-def _strategy_problems(call: cst.Call) -> str | None:
-    """Why a contrib MirroredStrategy call cannot be converted, or None."""
-    bound, unbound = _bind(call, *_STRATEGY_PARAMETERS)
-    problems = []
-    for index in unbound:
-        arg = call.args[index]
-        keyword = arg.keyword.value if arg.keyword else None
-        if keyword in _names.STRATEGY_KEYWORDS_BY_HAND:
-            why = _names.STRATEGY_KEYWORDS_BY_HAND[keyword]
-            problems.append(f"{keyword}=: {why}")
-        else:
-            problems.append(
-                f"{_code(arg).rstrip(', ')}: not an argument of "
-                "MirroredStrategy(devices, num_gpus, cross_tower_ops)"
-            )
-    if "cross_tower_ops" in bound and "cross_device_ops" in bound:
-        problems.append("both cross_tower_ops= and cross_device_ops=")
-    given = [
-        name
-        for name in ("devices", "num_gpus")
-        if name in bound and not _is_none(call.args[bound[name]].value)
-    ]
-    if len(given) == 2:
-        problems.append("both devices and num_gpus")
-    return "; ".join(problems) or None
-
-
-def _constructor_problems(name: str, call: cst.Call) -> str | None:
-    """Why a call of legacy class `name` cannot be renamed, or None.
-
-    An argument TF's class did not take would fail at run time (a fork's
-    keyword, say). After a `*args` the positions are unknown: only the
-    keywords are checked.
-    """
-    parameters = _names.CONSTRUCTOR_PARAMETERS[name]
-    starred = any(arg.star == "*" for arg in call.args)
-    problems = []
-    positional = 0
-    seen: set[str] = set()
-    for arg in call.args:
-        if arg.star:
-            continue
-        if arg.keyword is None:
-            if not starred and positional < len(parameters):
-                seen.add(parameters[positional])
-            positional += 1
-            continue
-        keyword = arg.keyword.value
-        if keyword not in parameters:
-            problems.append(f"unknown keyword {keyword}= of {name}")
-        elif keyword in seen:
-            problems.append(f"{keyword}= given twice")
-        seen.add(keyword)
-    if not starred and positional > len(parameters):
-        problems.append(f"{positional} positional arguments to {name}")
-    if not problems:
-        return None
-    took = ", ".join(parameters) if parameters else "no arguments"
-    return f"{'; '.join(problems)}; TF 1 took {took}"
-
-
 @dataclasses.dataclass(frozen=True)
 class _Match:
     """A use of a legacy name, and where it was imported from."""
 
     legacy: _names.Legacy
     source: str  # "contrib", "compat" or "tensorflow".
-
-
-@dataclasses.dataclass
-class _Import:
-    """An import statement, as the original module has it."""
-
-    node: cst.Import | cst.ImportFrom
-    scope: metadata.Scope | None
-    line: int
 
 
 class _Upgrader(cst.CSTTransformer):
@@ -333,13 +114,9 @@ class _Upgrader(cst.CSTTransformer):
         super().__init__()
         self.findings: list[tuple[tuple[int, int, int], Finding]] = []
         self._matched: set[cst.CSTNode] = set()
-        # Original name accesses the new code no longer holds.
-        self._consumed: set[cst.CSTNode] = set()
-        self._imports: list[_Import] = []
+        self._imports = Imports()
         # Calls left exactly as they were (see visit_Call).
         self._untouched: set[cst.Call] = set()
-        # Import statements the new code needs -> (name, module) they bind.
-        self._needs: dict[str, tuple[str, str]] = {}
 
     # Reports.
 
@@ -349,12 +126,10 @@ class _Upgrader(cst.CSTTransformer):
         self.findings.append((key, Finding(start.line, kind, message)))
 
     def _changed(self, node: cst.CSTNode, old: str, new: str) -> None:
-        self._report(
-            node, Kind.CHANGED, f"{_one_line(old)} -> {_one_line(new)}"
-        )
+        self._report(node, Kind.CHANGED, f"{one_line(old)} -> {one_line(new)}")
 
     def _not_converted(self, node: cst.CSTNode, what: str, why: str) -> None:
-        self._report(node, Kind.NOT_CONVERTED, f"{_one_line(what)} ({why})")
+        self._report(node, Kind.NOT_CONVERTED, f"{one_line(what)} ({why})")
 
     # Names.
 
@@ -379,7 +154,7 @@ class _Upgrader(cst.CSTTransformer):
             return names.pop()
         if names or not isinstance(node, (cst.Name, cst.Attribute)):
             return None
-        *_, root = _chain(node)
+        *_, root = chain(node)
         if not (isinstance(root, cst.Name) and root.value == "tf"):
             return None
         scope = self.get_metadata(metadata.ScopeProvider, root, None)
@@ -396,7 +171,7 @@ class _Upgrader(cst.CSTTransformer):
             if name.startswith("tensorflow.compat.v1."):
                 # Under `import tensorflow.compat.v1 as tf`, tf.distribute.X
                 # is TF 1 code's own spelling, and the same object.
-                *_, root = _chain(node)
+                *_, root = chain(node)
                 if self._qualified_name(root) == "tensorflow.compat.v1":
                     return None
             legacy = _names.LEGACY[_names.TF_LEGACY_NAMES[name]]
@@ -410,47 +185,10 @@ class _Upgrader(cst.CSTTransformer):
         return None
 
     def _expression(self, dotted: str, site: cst.CSTNode) -> cst.BaseExpression:
-        """`dotted` (tf.X or tf_crossdevice.X) as code at `site`.
-
-        Notes the import it needs unless `site` sees that name already.
-        Where an import binds `tf` to another module (`import
-        tensorflow.compat.v1 as tf`), TensorFlow's names are spelled
-        `tensorflow.`.
-        """
+        """`dotted` (tf.X or tf_crossdevice.X) as code at `site`, noting the
+        import it needs (see `Imports.spelling`)."""
         scope = self.get_metadata(metadata.ScopeProvider, site, None)
-        if dotted.startswith("tf."):
-            if self._imported_as(scope, "tf") - {"tensorflow", ""}:
-                dotted = "tensorflow." + dotted[len("tf.") :]
-                statement = "import tensorflow"
-            else:
-                statement = "import tensorflow as tf"
-        elif dotted.startswith("tf_crossdevice.compat."):
-            statement = "import tf_crossdevice.compat"
-        else:
-            statement = "import tf_crossdevice"
-        name, module = _IMPORTS[statement]
-        if not self._imported_as(scope, name) & {module, ""}:
-            self._needs[statement] = (name, module)
-        return cst.parse_expression(dotted)
-
-    def _imported_as(self, scope: metadata.Scope | None, name: str) -> set[str]:
-        """The modules `name` is imported as in `scope`; "" for a binding
-        that is not an import (`tf = self.tf`, taken to be the usual
-        module). Legacy imports do not count: the command may drop them."""
-        if scope is None:
-            return set()
-        bound: set[str] = set()
-        for assignment in scope[name]:
-            node = getattr(assignment, "node", None)
-            if not isinstance(node, (cst.Import, cst.ImportFrom)):
-                bound.add("")
-            elif not any(
-                _is_legacy_target(target)
-                for _, target, _ in _import_targets(node)
-            ):
-                names = assignment.get_qualified_names_for(name)
-                bound.update(qualified.name for qualified in names)
-        return bound
+        return cst.parse_expression(self._imports.spelling(dotted, scope))
 
     def _replace(
         self,
@@ -459,8 +197,8 @@ class _Upgrader(cst.CSTTransformer):
         new: cst.BaseExpression,
     ) -> cst.BaseExpression:
         """`new` in place of `original`, keeping its parentheses."""
-        self._consumed.update(_chain(original))
-        self._changed(original, _code(original), _code(new))
+        self._imports.drop_uses(chain(original))
+        self._changed(original, code_of(original), code_of(new))
         return new.with_changes(lpar=updated.lpar, rpar=updated.rpar)
 
     def _is_call_func(self, node: cst.CSTNode) -> bool:
@@ -477,17 +215,16 @@ class _Upgrader(cst.CSTTransformer):
 
     def _record_import(self, node: cst.Import | cst.ImportFrom) -> None:
         scope = self.get_metadata(metadata.ScopeProvider, node, None)
-        line = self.get_metadata(metadata.PositionProvider, node).start.line
-        self._imports.append(_Import(node, scope, line))
+        self._imports.records.append(ImportRecord(node, scope))
         if isinstance(node, cst.ImportFrom) and isinstance(
             node.names, cst.ImportStar
         ):
             module = helpers.get_full_name_for_node(node.module or node)
-            if not node.relative and module and _is_legacy_target(module):
+            if not node.relative and module and is_legacy_target(module):
                 # Its names cannot be told from the module's own.
                 self._not_converted(
                     node,
-                    _code(node),
+                    code_of(node),
                     "import the names it uses by name, then upgrade again",
                 )
 
@@ -512,7 +249,9 @@ class _Upgrader(cst.CSTTransformer):
             self._report_removed(original)
             return updated
         self._matched.add(original)
-        if match.legacy.name in _SPECIAL_CALLS and self._is_call_func(original):
+        if match.legacy.name in _calls.SPECIAL_CALLS and self._is_call_func(
+            original
+        ):
             return updated  # leave_Call rewrites the whole call.
         return self._rename(original, updated, match)
 
@@ -533,7 +272,7 @@ class _Upgrader(cst.CSTTransformer):
                 f"tf_crossdevice.compat.{legacy.name}", original
             )
             updated = self._replace(original, updated, new)
-        self._not_converted(original, _code(updated), legacy.replacement)
+        self._not_converted(original, code_of(updated), legacy.replacement)
         return updated
 
     def _report_contrib(self, node: cst.Name | cst.Attribute) -> None:
@@ -547,7 +286,7 @@ class _Upgrader(cst.CSTTransformer):
             or name.startswith("tensorflow.contrib.")
         ):
             return
-        if any(inner in self._matched for inner in _chain(node)):
+        if any(inner in self._matched for inner in chain(node)):
             return
         tf_name = "tf" + name[len("tensorflow") :]
         self._not_converted(
@@ -573,7 +312,7 @@ class _Upgrader(cst.CSTTransformer):
             ancestor = self.get_metadata(
                 metadata.ParentNodeProvider, ancestor, None
             )
-        self._not_converted(node, _code(what), why)
+        self._not_converted(node, code_of(what), why)
 
     def _removed(self, node: cst.CSTNode) -> str | None:
         """Why the module `node` is in is gone, or None."""
@@ -590,34 +329,15 @@ class _Upgrader(cst.CSTTransformer):
 
         Its arguments are not visited either: no half-converted call.
         """
-        why = self._why_not_convertible(node)
+        match = self._match(node.func)
+        if match is None:
+            return True
+        why = _calls.why_not_convertible(match.legacy, node)
         if why is None:
             return True
-        self._not_converted(node, _code(node), why)
+        self._not_converted(node, code_of(node), why)
         self._untouched.add(node)
         return False
-
-    def _why_not_convertible(self, call: cst.Call) -> str | None:
-        match = self._match(call.func)
-        if match is None:
-            return None
-        name = match.legacy.name
-        if name == "AllReduceSpecTuple":
-            bound, unbound = _bind(call, ("alg", "shards", "limit"))
-            if unbound or len(bound) != 3:
-                return (
-                    "expected AllReduceSpecTuple(alg, shards, limit); "
-                    f"{match.legacy.replacement}"
-                )
-        elif name == "choose_the_best":
-            bound, unbound = _bind(call, ("devices", "session_config"))
-            if unbound or "devices" not in bound:
-                return "expected choose_the_best(devices, session_config=None)"
-        elif name == "MirroredStrategy":
-            return _strategy_problems(call)
-        elif name in _names.CONSTRUCTOR_PARAMETERS:
-            return _constructor_problems(name, call)
-        return None
 
     def leave_Call(
         self, original_node: cst.Call, updated_node: cst.Call
@@ -625,9 +345,9 @@ class _Upgrader(cst.CSTTransformer):
         if original_node in self._untouched:
             return updated_node
         match = self._match(original_node.func)
-        if match is not None and match.legacy.name in _SPECIAL_CALLS:
+        if match is not None and match.legacy.name in _calls.SPECIAL_CALLS:
             if match.legacy.name == "AllReduceSpecTuple":
-                return self._spec_tuple(original_node, updated_node, match)
+                return self._spec_tuple(original_node, updated_node)
             if match.legacy.name == "choose_the_best":
                 return self._choose_the_best(original_node, updated_node, match)
             return self._mirrored_strategy(original_node, updated_node, match)
@@ -639,38 +359,16 @@ class _Upgrader(cst.CSTTransformer):
             return self._method_call(original_node, updated_node)
         return updated_node
 
-    def _spec_tuple(
-        self, original: cst.Call, updated: cst.Call, match: _Match
-    ) -> cst.BaseExpression:
-        params = ("alg", "shards", "limit")
-        bound, _ = _bind(original, params)
-        in_order = [bound[param] for param in params] == [0, 1, 2]
-        elements = []
-        for position, param in enumerate(params):
-            arg = updated.args[bound[param]]
-            if in_order:  # Keep the call's layout.
-                comma = arg.comma
-            elif position < len(params) - 1:
-                comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-            else:
-                comma = cst.MaybeSentinel.DEFAULT
-            elements.append(cst.Element(arg.value, comma=comma))
-        new = cst.Tuple(
-            elements,
-            lpar=[
-                *updated.lpar,
-                cst.LeftParen(whitespace_after=updated.whitespace_before_args),
-            ],
-            rpar=[cst.RightParen(), *updated.rpar],
-        )
-        self._consumed.update(_chain(original.func))
-        self._changed(original, _code(original), _code(new))
+    def _spec_tuple(self, original: cst.Call, updated: cst.Call) -> cst.Tuple:
+        new = _calls.spec_tuple(original, updated)
+        self._imports.drop_uses(chain(original.func))
+        self._changed(original, code_of(original), code_of(new))
         return new
 
     def _choose_the_best(
         self, original: cst.Call, updated: cst.Call, match: _Match
     ) -> cst.BaseExpression:
-        bound, _ = _bind(original, ("devices", "session_config"))
+        bound, _ = bind(original, _calls.CHOOSE_PARAMETERS)
         replacement = match.legacy.replacement
         new_func = self._replace(
             original.func,
@@ -680,21 +378,21 @@ class _Upgrader(cst.CSTTransformer):
         if "session_config" in bound:
             index = bound["session_config"]
             config = original.args[index].value
-            if not _is_none(config):
+            if not is_none(config):
                 self._not_converted(
                     original.args[index],
-                    f"session_config={_code(config)}",
+                    f"session_config={code_of(config)}",
                     match.legacy.change,
                 )
         devices = updated.args[bound["devices"]]
-        return _with_args(updated.with_changes(func=new_func), [devices])
+        return with_args(updated.with_changes(func=new_func), [devices])
 
     def _mirrored_strategy(
         self, original: cst.Call, updated: cst.Call, match: _Match
     ) -> cst.BaseExpression:
-        bound, _ = _bind(original, *_STRATEGY_PARAMETERS)
+        bound, _ = bind(original, *_calls.STRATEGY_PARAMETERS)
         num_gpus = bound.get("num_gpus")
-        from_num_gpus = num_gpus is not None and not _is_none(
+        from_num_gpus = num_gpus is not None and not is_none(
             original.args[num_gpus].value
         )
         new_func = self._replace(
@@ -712,21 +410,21 @@ class _Upgrader(cst.CSTTransformer):
             if name == "num_gpus":
                 if not from_num_gpus:
                     continue
-                new = _as_keyword(arg, "devices").with_changes(
-                    value=_gpu_devices(arg.value)
+                new = as_keyword(arg, "devices").with_changes(
+                    value=_calls.gpu_devices(arg.value)
                 )
                 self._changed(
                     old,
-                    f"num_gpus={_code(old.value)}",
-                    f"devices={_code(new.value)}",
+                    f"num_gpus={code_of(old.value)}",
+                    f"devices={code_of(new.value)}",
                 )
                 arg = new
             elif name == "cross_tower_ops":
                 keyword = _names.KEYWORDS["cross_tower_ops"]
-                arg = _as_keyword(arg, keyword)
+                arg = as_keyword(arg, keyword)
                 self._changed(old, "cross_tower_ops=", f"{keyword}=")
             args.append(arg)
-        return _with_args(updated.with_changes(func=new_func), args)
+        return with_args(updated.with_changes(func=new_func), args)
 
     def _method_call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """Keywords (KEYWORDS) and a VariableAggregation reduce op."""
@@ -775,11 +473,11 @@ class _Upgrader(cst.CSTTransformer):
                 member = attribute
         if member in _names.AGGREGATIONS:
             new = self._expression(_names.AGGREGATIONS[member], node)
-            self._changed(node, _code(node), _code(new))
+            self._changed(node, code_of(node), code_of(new))
             return new.with_changes(lpar=node.lpar, rpar=node.rpar)
         if member in _names.NOT_REDUCTIONS:
             self._not_converted(
-                node, _code(node), _names.NOT_REDUCTIONS[member]
+                node, code_of(node), _names.NOT_REDUCTIONS[member]
             )
         return None
 
@@ -789,34 +487,24 @@ class _Upgrader(cst.CSTTransformer):
         self, original_node: cst.Module, updated_node: cst.Module
     ) -> cst.Module:
         removed: set[cst.ImportAlias] = set()
-        for record in self._imports:
-            aliases = self._unused_legacy_aliases(record)
+        for record in self._imports.records:
+            aliases = self._imports.unused_legacy_aliases(record)
             removed.update(aliases)
             if aliases:
-                kept = _prune_import(record.node, removed)
+                kept = prune_import(record.node, removed)
                 self._report(
                     record.node,
                     Kind.CHANGED,
-                    f"{_one_line(_code(record.node))} -> "
+                    f"{one_line(code_of(record.node))} -> "
                     + (
                         "(removed, no uses left)"
                         if kept is None
-                        else _one_line(_code(kept))
+                        else one_line(code_of(kept))
                     ),
                 )
-        bound = self._module_bindings(removed)
-        missing = [
-            statement
-            for statement, binding in self._needs.items()
-            if binding not in bound
-        ]
-        if "import tf_crossdevice.compat" in missing:
-            # It binds tf_crossdevice too.
-            missing = [s for s in missing if s != "import tf_crossdevice"]
-        order = list(_IMPORTS)
-        missing.sort(key=lambda s: (order.index(s) if s in order else 99, s))
+        missing = self._imports.missing(removed)
         new_imports = [cst.parse_statement(statement) for statement in missing]
-        insert_at = _insertion_index(original_node)
+        insert_at = insertion_index(original_node)
         line = 1
         if insert_at > 0:
             anchor = original_node.body[insert_at - 1]
@@ -826,214 +514,8 @@ class _Upgrader(cst.CSTTransformer):
             self.findings.append(((line, 0, len(self.findings)), finding))
         if not removed and not new_imports:
             return updated_node
-        module = updated_node.visit(_ImportPruner(removed))
+        module = updated_node.visit(ImportPruner(removed))
         assert isinstance(module, cst.Module)
-        body, carried = _prune_body(
-            module.body, removed, insert_at, new_imports
-        )
+        body, carried = prune_body(module.body, removed, insert_at, new_imports)
         footer = [*carried, *module.footer]
         return module.with_changes(body=body, footer=footer)
-
-    def _unused_legacy_aliases(self, record: _Import) -> list[cst.ImportAlias]:
-        """The aliases of a legacy import whose every use was rewritten."""
-        unused = []
-        for alias, target, bound_names in _import_targets(record.node):
-            if not _is_legacy_target(target) or record.scope is None:
-                continue
-            # The alias's own name, then (for `import a.b.c`) the shorter
-            # names it binds: a.b must be unused, `a` may be re-imported.
-            if (bound_names[0], target) in self._needs.values():
-                continue  # The new code uses it too.
-            *inner, root = bound_names
-            uses_left = self._uses_left(record, bound_names[0])
-            for name in inner[1:]:
-                uses_left |= self._uses_left(record, name)
-            if root != bound_names[0] and self._uses_left(record, root):
-                self._needs[f"import {root}"] = (root, root)
-            if not uses_left:
-                unused.append(alias)
-        return unused
-
-    def _uses_left(self, record: _Import, name: str) -> bool:
-        assert record.scope is not None
-        for assignment in record.scope.assignments[name]:
-            if getattr(assignment, "node", None) is record.node:
-                return any(
-                    access.node not in self._consumed
-                    for access in assignment.references
-                )
-        return False
-
-    def _module_bindings(
-        self, removed: set[cst.ImportAlias]
-    ) -> set[tuple[str, str]]:
-        """(name, module) for each module-level import kept."""
-        bindings: set[tuple[str, str]] = set()
-        for record in self._imports:
-            if not isinstance(record.scope, metadata.GlobalScope):
-                continue
-            for alias, target, bound_names in _import_targets(record.node):
-                if alias in removed:
-                    continue
-                if isinstance(record.node, cst.Import) and not alias.asname:
-                    bindings.update((name, name) for name in bound_names)
-                else:
-                    bindings.add((bound_names[0], target))
-        return bindings
-
-
-def _import_targets(
-    node: cst.Import | cst.ImportFrom,
-) -> Iterator[tuple[cst.ImportAlias, str, list[str]]]:
-    """(alias, what it imports, the names it binds: its own first)."""
-    if isinstance(node, cst.ImportFrom):
-        if node.relative or node.module is None:
-            return
-        if isinstance(node.names, cst.ImportStar):
-            return
-        module = helpers.get_full_name_for_node(node.module)
-        for alias in node.names:
-            name = helpers.get_full_name_for_node(alias.name)
-            bound = alias.evaluated_alias or name
-            if module and name and bound:
-                yield alias, f"{module}.{name}", [bound]
-        return
-    for alias in node.names:
-        full = helpers.get_full_name_for_node(alias.name)
-        if full is None:
-            continue
-        if alias.asname:
-            yield alias, full, [alias.evaluated_alias or full]
-        else:
-            parts = full.split(".")
-            yield (
-                alias,
-                full,
-                [".".join(parts[:n]) for n in range(len(parts), 0, -1)],
-            )
-
-
-def _is_legacy_target(target: str) -> bool:
-    """An import of a legacy module or name, or of anything in tf.contrib."""
-    modules = (*_names.LEGACY_MODULES, "tensorflow.contrib")
-    return target in _names.TF_LEGACY_NAMES or any(
-        target == module or target.startswith(module + ".")
-        for module in modules
-    )
-
-
-def _prune_import(
-    node: cst.Import | cst.ImportFrom, removed: set[cst.ImportAlias]
-) -> cst.Import | cst.ImportFrom | None:
-    """`node` without the aliases in `removed`; None when none are left."""
-    if isinstance(node.names, cst.ImportStar):
-        return node
-    names = [alias for alias in node.names if alias not in removed]
-    if not names:
-        return None
-    if len(names) == len(node.names):
-        return node
-    names[-1] = names[-1].with_changes(comma=node.names[-1].comma)
-    return node.with_changes(names=names)
-
-
-def _prune_body(
-    body: Sequence[cst.BaseStatement],
-    removed: set[cst.ImportAlias],
-    insert_at: int | None = None,
-    inserted: Sequence[cst.BaseStatement] = (),
-) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
-    """Drops removed imports (their comments move to the next statement).
-
-    Also inserts `inserted` before `body[insert_at]`. Returns the new body
-    and the comment lines left over at its end.
-    """
-    result: list[cst.BaseStatement] = []
-    carried: list[cst.EmptyLine] = []
-    removed_first = False
-
-    def append(statement: cst.BaseStatement) -> None:
-        if carried or (removed_first and not result):
-            assert isinstance(
-                statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement)
-            )
-            lines = [*carried, *statement.leading_lines]
-            if not result:
-                # The body starts here now: no blank lines before its first
-                # comment or statement.
-                while lines and lines[0].comment is None:
-                    lines.pop(0)
-            statement = statement.with_changes(leading_lines=lines)
-            carried.clear()
-        result.append(statement)
-
-    for index, statement in enumerate(body):
-        if index == insert_at:
-            for new in inserted:
-                append(new)
-        if isinstance(statement, cst.SimpleStatementLine):
-            small: list[cst.BaseSmallStatement] = []
-            for part in statement.body:
-                if isinstance(part, (cst.Import, cst.ImportFrom)):
-                    kept = _prune_import(part, removed)
-                    if kept is not None:
-                        small.append(kept)
-                else:
-                    small.append(part)
-            if not small:
-                carried.extend(statement.leading_lines)
-                removed_first = removed_first or not result
-                continue
-            if len(small) != len(statement.body):
-                small[-1] = small[-1].with_changes(
-                    semicolon=statement.body[-1].semicolon
-                )
-            statement = statement.with_changes(body=small)
-        append(statement)
-    if insert_at is not None and insert_at >= len(body):
-        for new in inserted:
-            append(new)
-    return result, carried
-
-
-class _ImportPruner(cst.CSTTransformer):
-    """Drops removed imports inside blocks (the module's body is done apart)."""
-
-    def __init__(self, removed: set[cst.ImportAlias]):
-        super().__init__()
-        self._removed = removed
-
-    # Imports keep their identity (so _removed finds their aliases).
-    def visit_Import(self, node: cst.Import) -> bool:
-        return False
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        return False
-
-    def leave_IndentedBlock(
-        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
-    ) -> cst.IndentedBlock:
-        body, carried = _prune_body(updated_node.body, self._removed)
-        if not body:
-            body = [
-                cst.SimpleStatementLine([cst.Pass()], leading_lines=carried)
-            ]
-            carried = []
-        return updated_node.with_changes(
-            body=body, footer=[*carried, *updated_node.footer]
-        )
-
-
-def _insertion_index(module: cst.Module) -> int:
-    """Where new imports go: after the last top-level import, else after
-    the docstring."""
-    index = 0
-    for position, statement in enumerate(module.body):
-        if isinstance(statement, cst.SimpleStatementLine) and any(
-            isinstance(part, (cst.Import, cst.ImportFrom))
-            for part in statement.body
-        ):
-            index = position + 1
-    if index == 0 and module.get_docstring(clean=False) is not None:
-        index = 1
-    return index

@@ -14,7 +14,8 @@ parsed, 1 when some did not (they are reported and skipped), 2 for a usage
 error.
 
 The rewriting (compat/_rewrite.py) needs libcst, which keeps comments and
-formatting; this module imports it only when it runs.
+formatting; libcst is optional (the `upgrade` extra), so this module imports
+the rewriting only when it runs, and says how to install libcst if missing.
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ import pathlib
 import sys
 import tokenize
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
-if TYPE_CHECKING:
-    from . import _rewrite
+from ._report import Finding, Kind, ParseError, Rewrite
 
 __all__ = [
     "NEEDS_LIBCST",
@@ -82,12 +82,12 @@ def _skipped(folder: str) -> bool:
     return folder in _SKIPPED_FOLDERS or folder.startswith("bazel-")
 
 
-def upgrade_code(code: str) -> _rewrite.Rewrite:
+def upgrade_code(code: str) -> Rewrite:
     """Upgrades one module's source; `.code` is the new source.
 
     Raises:
         ImportError: libcst is not installed.
-        _rewrite.ParseError: `code` does not parse.
+        _report.ParseError: `code` does not parse.
 
     >>> result = upgrade_code(
     ...     "from tensorflow.contrib import distribute\\n"
@@ -102,7 +102,7 @@ def upgrade_code(code: str) -> _rewrite.Rewrite:
     train.py:2: changed distribute.AllReduceSpecTuple('pscpu', 1, -1) -> \
 ('pscpu', 1, -1)
     """
-    from . import _rewrite
+    from . import _rewrite  # Needs libcst, an optional dependency.
 
     return _rewrite.rewrite(code)
 
@@ -125,7 +125,7 @@ class FileUpgrade:
     old: str
     new: str
     encoding: str
-    findings: tuple[_rewrite.Finding, ...]
+    findings: tuple[Finding, ...]
     parsed: bool
 
     @property
@@ -150,7 +150,7 @@ def upgrade_file(path: pathlib.Path) -> FileUpgrade:
 
     A file that cannot be decoded or parsed gives a "cannot parse" finding.
     """
-    from . import _rewrite
+    from . import _rewrite  # Needs libcst, an optional dependency.
 
     raw = path.read_bytes()
     encoding = "utf-8"
@@ -167,7 +167,7 @@ def upgrade_file(path: pathlib.Path) -> FileUpgrade:
         return _unparsable(
             path, old, encoding, line, f"not {encoding}: {error}"
         )
-    except _rewrite.ParseError as error:
+    except ParseError as error:
         return _unparsable(path, old, encoding, error.line, error.message)
     return FileUpgrade(
         str(path), old, result.code, encoding, result.findings, True
@@ -177,9 +177,7 @@ def upgrade_file(path: pathlib.Path) -> FileUpgrade:
 def _unparsable(
     path: pathlib.Path, old: str, encoding: str, line: int, message: str
 ) -> FileUpgrade:
-    from . import _rewrite
-
-    finding = _rewrite.Finding(line, _rewrite.Kind.CANNOT_PARSE, message)
+    finding = Finding(line, Kind.CANNOT_PARSE, message)
     return FileUpgrade(str(path), old, old, encoding, (finding,), False)
 
 
@@ -240,11 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_report(upgrades: Sequence[FileUpgrade], out: TextIO) -> None:
-    from . import _rewrite
-
     for upgrade in upgrades:
         out.write(upgrade.diff())
-    counts = dict.fromkeys(_rewrite.Kind, 0)
+    counts = dict.fromkeys(Kind, 0)
     for upgrade in upgrades:
         for finding in upgrade.findings:
             print(finding.report_line(upgrade.path), file=out)
@@ -252,9 +248,9 @@ def _print_report(upgrades: Sequence[FileUpgrade], out: TextIO) -> None:
     changed = sum(upgrade.changed for upgrade in upgrades)
     print(
         f"{len(upgrades)} files scanned, {changed} files changed, "
-        f"{counts[_rewrite.Kind.CHANGED]} changes, "
-        f"{counts[_rewrite.Kind.NOT_CONVERTED]} not converted, "
-        f"{counts[_rewrite.Kind.CANNOT_PARSE]} unparsable",
+        f"{counts[Kind.CHANGED]} changes, "
+        f"{counts[Kind.NOT_CONVERTED]} not converted, "
+        f"{counts[Kind.CANNOT_PARSE]} unparsable",
         file=out,
     )
 

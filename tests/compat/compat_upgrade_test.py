@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from tf_crossdevice.cluster import processes
-from tf_crossdevice.compat import _rewrite, upgrade
+from tf_crossdevice.compat import _calls, _report, _rewrite, _syntax, upgrade
 
 # The compat package's folder: compat/ in a checkout, tf_crossdevice/compat/
 # under Bazel.
@@ -570,7 +570,7 @@ def test_rewriting_the_result_changes_nothing(name):
     _, expected = CASES[name]
     again = upgrade.upgrade_code(code(expected))
     assert again.code == code(expected)
-    assert again.count(_rewrite.Kind.CHANGED) == 0
+    assert again.count(_report.Kind.CHANGED) == 0
 
 
 def test_report_lines_name_each_change_and_what_was_left():
@@ -825,7 +825,7 @@ def test_a_star_import_of_a_legacy_module_is_reported():
 
 
 def test_an_unparsable_module_raises_with_its_line():
-    with pytest.raises(_rewrite.ParseError) as raised:
+    with pytest.raises(_report.ParseError) as raised:
         upgrade.upgrade_code("x = 1\ndef f(:\n    pass\n")
     assert raised.value.line == 2
     assert "invalid syntax" in raised.value.message
@@ -1033,7 +1033,9 @@ def test_the_rewriting_modules_import_no_tensorflow():
 
 
 @pytest.mark.parametrize(
-    "module", [_rewrite, upgrade], ids=lambda m: m.__name__
+    "module",
+    [_calls, _report, _rewrite, _syntax, upgrade],
+    ids=lambda m: m.__name__,
 )
 def test_docstring_examples(module):
     results = doctest.testmod(module)

@@ -174,8 +174,7 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
 
     import tf_crossdevice
 
-    compression = getattr(ops, "compression", None)
-    powersgd = isinstance(compression, tf_crossdevice.compression.PowerSGD)
+    powersgd = tf_crossdevice.ops.wire_of(ops).powersgd
     return train_loops.Config(
         loop=train_flags.loop_of(v.flag_values_dict()),
         model=v.model,
@@ -189,7 +188,7 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
         seed=v.seed,
         model_dir=v.model_dir,
         timeout_seconds=v.timeout_seconds,
-        compression_state=compression if powersgd else None,
+        compression_state=powersgd,
         timing_steps=v.timing_steps,
     )
 

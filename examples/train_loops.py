@@ -573,12 +573,8 @@ def _train_in_graph(replicas, ops, config, data, watcher):
     step_var = tf.Variable(0, dtype=tf.int64)
     # A PowerSGD compressor's state (every replica's error, Q) lives on the
     # controller's side of the job: it is saved with the weights.
-    compression = getattr(ops, "compression", None)
-    state = (
-        {"compression": compression}
-        if isinstance(compression, tf_crossdevice.compression.PowerSGD)
-        else {}
-    )
+    powersgd = tf_crossdevice.ops.wire_of(ops).powersgd
+    state = {"compression": powersgd} if powersgd is not None else {}
     checkpoint = tf.train.Checkpoint(
         weights=[_value(v) for v in models[0].weights],
         velocity=velocities[0],

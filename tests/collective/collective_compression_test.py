@@ -242,8 +242,8 @@ def test_compressed_all_reduce_gathers_half_the_bytes(compression, members):
     fp16's float32 scale; the sum within the codec's bound."""
     import tensorflow as tf
 
-    from tf_crossdevice.collective import _base as collective_base
     from tf_crossdevice.collective import _group as collective_group
+    from tf_crossdevice.collective import _reducer as collective_base
 
     rng = np.random.default_rng(members)
     # Beyond half's range: fp16's scale must keep them finite.

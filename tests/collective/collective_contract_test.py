@@ -102,8 +102,8 @@ def test_objects_sharing_collective_keys_never_share_a_key():
     a = tf_crossdevice.CollectiveAllReduce(collective_keys=keys)
     b = tf_crossdevice.CollectiveAllReduce(collective_keys=keys)
     devices = tf_crossdevice.testing.cpu_devices(2)
-    group_a = a._group(devices, 2, "a")
-    group_b = b._group(devices, 2, "b")
+    group_a = a.reducer.group(devices, 2, "a")
+    group_b = b.reducer.group(devices, 2, "b")
     # Same devices and size: one group (TensorFlow binds a key to one
     # membership), and instance keys drawn from one counter.
     assert group_a.key == group_b.key
@@ -111,7 +111,7 @@ def test_objects_sharing_collective_keys_never_share_a_key():
     second = keys.get_instance_key(group_b.key, devices[0])
     assert second == first + 1
     # Another size is another group.
-    assert a._group(devices, 4, "a").key != group_a.key
+    assert a.reducer.group(devices, 4, "a").key != group_a.key
 
 
 def test_collective_keys_must_be_tensorflows():

@@ -36,7 +36,9 @@ def _per_replica(arrays):
 
 
 def _tracing_count(ops):
-    return sum(f.experimental_get_tracing_count() for f in ops._traced.values())
+    return sum(
+        f.experimental_get_tracing_count() for f in ops.reducer.traced.values()
+    )
 
 
 @pytest.mark.parametrize("ops", _collective_ops(), ids=_IDS)
@@ -54,7 +56,7 @@ def test_repeated_eager_reduce_traces_once_and_follows_inputs(ops):
         )
         # One trace for reduce, one for batch_reduce's MEAN, whatever the
         # number of calls.
-        assert len(ops._traced) == 2
+        assert len(ops.reducer.traced) == 2
         assert _tracing_count(ops) == 2
 
 
@@ -82,9 +84,9 @@ def test_new_signature_traces_anew_and_gather_is_cached():
 def test_bound_copy_keeps_its_own_traced_functions():
     ops = tf_crossdevice.CollectiveAllReduce()
     ops.reduce("sum", _per_replica([np.ones([2], np.float32)] * 2), DEVICES)
-    bound = ops._bound_to(DEVICES, 1, ops._call_options(None))
-    assert bound._traced == {}
-    assert len(ops._traced) == 1
+    bound = ops.reducer.bound(DEVICES, 1, ops.reducer.options(None))
+    assert bound.traced == {}
+    assert len(ops.reducer.traced) == 1
 
 
 @pytest.mark.parametrize("ops", _collective_ops(), ids=_IDS)
@@ -136,7 +138,7 @@ def test_cached_calls_draw_fresh_instance_keys_at_call_time(monkeypatch):
     """Each call draws one new key per device, as a fresh trace would: so
     every worker, calling alike, draws the same keys in the same order."""
     ops = tf_crossdevice.CollectiveAllReduce()
-    keys = ops._keys
+    keys = ops.reducer.keys
     drawn = []
     original = keys.get_instance_key
 

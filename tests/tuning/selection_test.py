@@ -1,5 +1,6 @@
 """select_cross_device_ops: the choice follows devices and links."""
 
+import dataclasses
 import types
 
 import numpy as np
@@ -25,8 +26,17 @@ def test_cpu_devices_get_a_packed_configuration():
     # Packed means fewer all-reduces than tensors: 50 small tensors go
     # through the spec algorithm as one pack, and the sums are numpy's.
     calls = []
-    original = ops._reduce_packs
-    ops._reduce_packs = lambda p, i: calls.extend(i) or original(p, i)
+    packed = ops.reducer.all_reduce
+    original = packed.all_reduce_batch
+    ops = ops.with_reducer(
+        dataclasses.replace(
+            ops.reducer,
+            all_reduce=dataclasses.replace(
+                packed,
+                all_reduce_batch=lambda p, i: calls.extend(i) or original(p, i),
+            ),
+        )
+    )
     arrays = [np.arange(10, dtype=np.float32) * (k + 1) for k in range(50)]
     pairs = [
         (
@@ -108,7 +118,7 @@ GRADIENTS = [((10, 10), "float32"), ((10,), "float32")]
 
 def cache_choice(tmp_path, devices, config, label="cached"):
     canonical = [
-        tf_crossdevice.ops._base.canonical_device(d, "d") for d in devices
+        tf_crossdevice._core.values.canonical_device(d, "d") for d in devices
     ]
     where = _topology.Topology.of(canonical)
     grads = _topology.normalize_gradients(GRADIENTS)

@@ -1,9 +1,13 @@
 """Between-graph reductions on TensorFlow's collective ops, and our strategy.
 
 `_runtime` turns collectives on between processes; `_group` is one
-collective group and the ops its members launch; `_base` what the two
-classes share; `_all_reduce` CollectiveAllReduce; `_hierarchical`
-HierarchicalCollectiveAllReduce; `_strategy` MultiWorkerMirroredStrategy;
+collective group and the ops its members launch; `_reducer` the reducer
+both classes are built on (binding, options, groups, traced functions,
+gather), with a step that sums: `_all_reduce` CollectiveAllReduce and its
+flat step, `_hierarchical` HierarchicalCollectiveAllReduce and its
+hierarchical step; `_sparse` IndexedSlices through collectives;
+`_launch_order` the order of a step's collectives; `_strategy`
+MultiWorkerMirroredStrategy;
 `_peers` names the peers a failed collective cannot reach; `_stall`
 reports the slow or unreachable peers of a step that waits too long.
 

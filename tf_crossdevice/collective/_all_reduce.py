@@ -15,24 +15,19 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice._core import checks
-from tf_crossdevice.collective._base import (
-    CollectiveOpsBase,
-    all_reduce_sparse,
-    launch_order,
-)
+from tf_crossdevice._core import checks, tf_internal, values
+from tf_crossdevice._core.reducer import Batch, Devices
+from tf_crossdevice._core.values import Value
 from tf_crossdevice.collective._group import Group, Options
-from tf_crossdevice.compression._powersgd import PowerSGD
-from tf_crossdevice.ops import _base
-from tf_crossdevice.ops._base import Value
-from tf_crossdevice.packing._collective_pack import (
-    flatten_pack,
-    plan_packs,
-    unflatten_pack,
-)
+from tf_crossdevice.collective._launch_order import launch_order
+from tf_crossdevice.collective._reducer import CollectiveReducer
+from tf_crossdevice.collective._sparse import all_reduce_sparse
+from tf_crossdevice.compression import PowerSGD, WirePolicy
+from tf_crossdevice.ops import CrossDeviceOpsAdapter
+from tf_crossdevice.packing import flatten_pack, plan_packs, unflatten_pack
 
 
-class CollectiveAllReduce(CollectiveOpsBase):
+class CollectiveAllReduce(CrossDeviceOpsAdapter):
     """All-reduce across worker processes with TensorFlow's collective ops.
 
     Pass it to `tf_crossdevice.MultiWorkerMirroredStrategy` on every worker:
@@ -119,85 +114,142 @@ class CollectiveAllReduce(CollectiveOpsBase):
         options: Any = None,
         compression: str | PowerSGD | None = None,
     ) -> None:
-        super().__init__(num_workers, options, collective_keys, compression)
         self.num_gpus_per_worker = checks.non_negative_int(
             num_gpus_per_worker, "num_gpus_per_worker"
         )
-        self._merge_scope = checks.positive_int(
-            all_reduce_merge_scope, "all_reduce_merge_scope"
+        step = FlatStep(
+            checks.positive_int(
+                all_reduce_merge_scope, "all_reduce_merge_scope"
+            )
+        )
+        super().__init__(
+            CollectiveReducer(
+                type(self).__name__,
+                step,
+                num_workers=checks.positive_int(num_workers, "num_workers"),
+                options=values.check_options(options),
+                collective_keys=check_collective_keys(collective_keys),
+                wire=WirePolicy.from_compression(compression),
+            )
         )
 
-    def _all_members(self, devices: Sequence[str]) -> Group:
-        return self._group(
-            devices, len(devices) * self._num_workers, "CollectiveAllReduce"
-        )
 
-    def _sum_group(self, batch, devices, options):
-        group = self._all_members(devices)
+def check_collective_keys(collective_keys: Any) -> Any:
+    """`collective_keys`: None or TensorFlow's CollectiveKeys."""
+    if collective_keys is not None and not tf_internal.is_collective_keys(
+        collective_keys
+    ):
+        raise TypeError(
+            "collective_keys: expected None or TensorFlow's "
+            "CollectiveKeys (tensorflow.python.distribute."
+            "cross_device_utils.CollectiveKeys), got "
+            f"{type(collective_keys).__name__} {collective_keys!r}"
+        )
+    return collective_keys
+
+
+class FlatStep:
+    """One collective group of every local device of every worker.
+
+    Dense values are packed (`plan_packs`: by `bytes_per_pack`, or with 0
+    every `merge_scope` consecutive values of one dtype), all-reduced and
+    split again; IndexedSlices are all-gathered.
+    """
+
+    def __init__(self, merge_scope: int) -> None:
+        self.merge_scope = merge_scope
+
+    def sum(
+        self,
+        reducer: CollectiveReducer,
+        batch: Batch,
+        devices: Devices,
+        options: Options,
+    ) -> Batch:
+        group = _all_members(reducer, devices)
         per_device = [
-            self._sum_on_member(group, d, [v[d] for v in batch], options)
+            self.sum_on_member(
+                reducer, group, d, [v[d] for v in batch], options
+            )
             for d in range(len(devices))
         ]
         return [list(sums) for sums in zip(*per_device, strict=True)]
 
-    def _sum_on_member(
-        self, group: Group, index: int, values: list[Value], options: Options
+    def sum_on_member(
+        self,
+        reducer: CollectiveReducer,
+        group: Group,
+        index: int,
+        tensors: list[Value],
+        options: Options,
     ) -> list[Value]:
         """Member `index`'s share: its values summed over the group.
 
         Every member issues the same collectives in the same order: packs
         and IndexedSlices in `launch_order`, last values first.
         """
-        out: list[Any] = [None] * len(values)
-        dense = [k for k, v in enumerate(values) if not _is_sparse(v)]
+        out: list[Any] = [None] * len(tensors)
+        dense = [k for k, v in enumerate(tensors) if not _is_sparse(v)]
         packs = [
             [dense[j] for j in pack]
             for pack in plan_packs(
-                [values[k] for k in dense],
+                [tensors[k] for k in dense],
                 options.bytes_per_pack,
-                self._merge_scope,
+                self.merge_scope,
             )
         ]
-        sparse = [[k] for k, v in enumerate(values) if _is_sparse(v)]
+        sparse = [[k] for k, v in enumerate(tensors) if _is_sparse(v)]
         for keys in launch_order([*packs, *sparse]):
-            if _is_sparse(values[keys[0]]):
+            if _is_sparse(tensors[keys[0]]):
                 out[keys[0]] = all_reduce_sparse(
-                    group, index, values[keys[0]], options
+                    group, index, tensors[keys[0]], options
                 )
                 continue
             sums = _all_reduce_pack(
                 group,
                 index,
-                [values[k] for k in keys],
+                [tensors[k] for k in keys],
                 options,
-                self._compression,
+                reducer.wire.codec,
             )
             for k, total in zip(keys, sums, strict=True):
                 out[k] = total
         return out
 
-    def _all_reduce(self, reduce_op, value, replica_id, options):
-        """One replica's share of a replica-context all-reduce."""
-        reduce_op = _base.check_reduce_op(reduce_op)
-        if self._powersgd is not None and self._num_workers > 1:
+    def replica_all_reduce(
+        self,
+        reducer: CollectiveReducer,
+        reduce_op: Any,
+        value: Any,
+        replica_id: int,
+        options: Any,
+    ) -> Any:
+        """One replica's share of a replica-context all-reduce, launched
+        from the replica itself, without a merge_call."""
+        reduce_op = values.check_reduce_op(reduce_op)
+        if reducer.wire.powersgd is not None and reducer.crosses_workers:
             return _merged_all_reduce(reduce_op, value, options)
-        options = self._call_options(options)
-        if self._local_devices is None:
+        options = reducer.options(options)
+        if reducer.local_devices is None:
             raise ValueError(
                 "CollectiveAllReduce: replica-context all-reduce needs the "
                 "local devices; use it through "
                 "tf_crossdevice.MultiWorkerMirroredStrategy"
             )
-        group = self._all_members(self._local_devices)
+        group = _all_members(reducer, reducer.local_devices)
         flat = [
             v if _is_sparse(v) else tf.convert_to_tensor(v)
             for v in tf.nest.flatten(value)
         ]
-        out = self._sum_on_member(group, replica_id, flat, options)
-        if reduce_op == _base.ReduceOp.MEAN:
-            with tf.device(self._local_devices[replica_id]):
-                out = [_base.divide(v, group.size) for v in out]
+        out = self.sum_on_member(reducer, group, replica_id, flat, options)
+        if reduce_op == values.ReduceOp.MEAN:
+            with tf.device(reducer.local_devices[replica_id]):
+                out = [values.divide(v, group.size) for v in out]
         return tf.nest.pack_sequence_as(value, out)
+
+
+def _all_members(reducer: CollectiveReducer, devices: Sequence[str]) -> Group:
+    return reducer.group(devices, len(devices) * reducer.num_workers)
 
 
 def _merged_all_reduce(reduce_op: Any, value: Any, options: Any) -> Any:

@@ -22,25 +22,18 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice._core import tf_internal
-from tf_crossdevice.collective._base import (
-    CollectiveOpsBase,
-    all_reduce_sparse,
-    launch_order,
-)
-from tf_crossdevice.compression._powersgd import PowerSGD
-from tf_crossdevice.ops import _base
-from tf_crossdevice.ops._default import default_cross_device_ops
-from tf_crossdevice.packing._collective_pack import (
-    flatten_pack,
-    plan_packs,
-    unflatten_pack,
-)
-
-_NAME = "HierarchicalCollectiveAllReduce"
+from tf_crossdevice._core import tf_internal, values
+from tf_crossdevice._core.reducer import Batch, Devices
+from tf_crossdevice.collective._group import Options
+from tf_crossdevice.collective._launch_order import launch_order
+from tf_crossdevice.collective._reducer import CollectiveReducer
+from tf_crossdevice.collective._sparse import all_reduce_sparse
+from tf_crossdevice.compression import PowerSGD, WirePolicy
+from tf_crossdevice.ops import CrossDeviceOpsAdapter, default_cross_device_ops
+from tf_crossdevice.packing import flatten_pack, plan_packs, unflatten_pack
 
 
-class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
+class HierarchicalCollectiveAllReduce(CrossDeviceOpsAdapter):
     """Local reduce, one collective per worker, local broadcast.
 
     Pass it to `tf_crossdevice.MultiWorkerMirroredStrategy` on every worker;
@@ -93,7 +86,6 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
         options: Any = None,
         compression: str | PowerSGD | None = None,
     ) -> None:
-        super().__init__(1, options, None, compression)
         if local_cross_device_ops is not None and not isinstance(
             local_cross_device_ops, tf.distribute.CrossDeviceOps
         ):
@@ -103,23 +95,47 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
                 f"{type(local_cross_device_ops).__name__} "
                 f"{local_cross_device_ops!r}"
             )
-        if isinstance(local_cross_device_ops, CollectiveOpsBase):
+        if isinstance(local_cross_device_ops, CrossDeviceOpsAdapter) and (
+            isinstance(local_cross_device_ops.reducer, CollectiveReducer)
+        ):
             raise ValueError(
                 "local_cross_device_ops: expected a single-worker "
                 "CrossDeviceOps (e.g. tf_crossdevice.ReductionToOneDevice), "
                 f"got the collective {type(local_cross_device_ops).__name__}"
             )
-        self._local_ops = local_cross_device_ops
+        super().__init__(
+            CollectiveReducer(
+                type(self).__name__,
+                HierarchicalStep(local_cross_device_ops),
+                num_workers=1,
+                options=values.check_options(options),
+                collective_keys=None,
+                wire=WirePolicy.from_compression(compression),
+            )
+        )
 
-    def _local_for(self, devices: tuple[str, ...]) -> Any:
-        if self._local_ops is None:
-            self._local_ops = default_cross_device_ops(list(devices))
-        return self._local_ops
 
-    def _sum_group(self, batch, devices, options):
+class HierarchicalStep:
+    """A local reduction, one collective member per worker, a local copy.
+
+    Args:
+        local_ops: sums each pack inside a worker; None: the class that
+            suits the local devices, chosen at the first reduction.
+    """
+
+    def __init__(self, local_ops: Any) -> None:
+        self.local_ops = local_ops
+
+    def sum(
+        self,
+        reducer: CollectiveReducer,
+        batch: Batch,
+        devices: Devices,
+        options: Options,
+    ) -> Batch:
         first = devices[0]
-        workers = self._group((first,), self._num_workers, _NAME)
-        results: list[list[Any]] = [[None] * len(devices) for _ in batch]
+        workers = reducer.group((first,), reducer.num_workers)
+        results: Batch = [[None] * len(devices) for _ in batch]
         dense = [
             k
             for k, value in enumerate(batch)
@@ -143,10 +159,12 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
         for keys in launch_order([*packs, *sparse]):
             if isinstance(batch[keys[0]][0], tf.IndexedSlices):
                 value = batch[keys[0]]
-                local = _base.sum_sparse(value, first)
+                local = values.sum_sparse(value, first)
                 with tf.device(first):
                     total = all_reduce_sparse(workers, 0, local, options)
-                results[keys[0]] = [_base.copy_value(total, d) for d in devices]
+                results[keys[0]] = [
+                    values.copy_value(total, d) for d in devices
+                ]
                 continue
             flat = []
             for d, device in enumerate(devices):
@@ -154,7 +172,9 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
                     flat.append(flatten_pack([batch[k][d] for k in keys]))
             local = self._local_sum(flat, devices)
             with tf.device(first):
-                total = workers.all_reduce(0, local, options, self._compression)
+                total = workers.all_reduce(
+                    0, local, options, reducer.wire.codec
+                )
             for d, device in enumerate(devices):
                 with tf.device(device):
                     pieces = unflatten_pack(
@@ -164,12 +184,26 @@ class HierarchicalCollectiveAllReduce(CollectiveOpsBase):
                     results[k][d] = piece
         return results
 
-    def _local_sum(self, flat: list[tf.Tensor], devices: tuple[str, ...]):
+    def _local_sum(self, flat: list[tf.Tensor], devices: Devices) -> tf.Tensor:
         if len(devices) == 1:
             return flat[0]
-        summed = self._local_for(devices).reduce(
+        if self.local_ops is None:
+            self.local_ops = default_cross_device_ops(list(devices))
+        summed = self.local_ops.reduce(
             tf.distribute.ReduceOp.SUM,
             tf_internal.PerReplica(tuple(flat)),
             destinations=devices[0],
         )
-        return _base.per_destination(summed)[0]
+        return values.per_destination(summed)[0]
+
+    def replica_all_reduce(
+        self,
+        reducer: CollectiveReducer,
+        reduce_op: Any,
+        value: Any,
+        replica_id: int,
+        options: Any,
+    ) -> Any:
+        raise NotImplementedError(
+            f"{reducer.name} reduces in cross-replica context (merge_call) only"
+        )

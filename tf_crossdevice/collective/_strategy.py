@@ -45,13 +45,13 @@ import tensorflow as tf
 
 from tf_crossdevice._core import checks as _checks
 from tf_crossdevice._core import devices as devices_lib
-from tf_crossdevice._core import tf_internal
+from tf_crossdevice._core import tf_internal, values
 from tf_crossdevice.collective import _runtime as collective_runtime
 from tf_crossdevice.collective._all_reduce import CollectiveAllReduce
-from tf_crossdevice.collective._base import CollectiveOpsBase
 from tf_crossdevice.collective._group import Group, Options
 from tf_crossdevice.collective._peers import reporting_unreachable_peers
-from tf_crossdevice.ops import _base
+from tf_crossdevice.collective._reducer import CollectiveReducer
+from tf_crossdevice.ops import CrossDeviceOpsAdapter
 
 _Strategy, _TFExtended = tf_internal.multi_worker_strategy_parts()
 
@@ -105,12 +105,13 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         local_devices: Sequence[str] | None = None,
     ) -> None:
         start = time.monotonic()
-        options = _base.check_options(
+        options = values.check_options(
             communication_options, "communication_options"
         )
         if cross_device_ops is None:
             cross_device_ops = CollectiveAllReduce()
-        if not isinstance(cross_device_ops, CollectiveOpsBase):
+        reducer = _collective_reducer(cross_device_ops)
+        if reducer is None:
             raise TypeError(
                 "cross_device_ops: expected tf_crossdevice.CollectiveAllReduce "
                 "or tf_crossdevice.HierarchicalCollectiveAllReduce, got "
@@ -122,17 +123,26 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                 tf.distribute.cluster_resolver.TFConfigClusterResolver()
             )
         cluster = collective_runtime.enable_collectives(cluster_resolver)
-        timeout = options.merge(cross_device_ops._options).timeout_seconds
+        timeout = options.merge(reducer.constructor_options).timeout_seconds
         if timeout is not None:
             timeout = max(timeout - (time.monotonic() - start), 1e-3)
         collective_runtime.wait_for_peers(cluster, timeout)
         self._collective_cluster = cluster
         devices = _local_devices(local_devices, cluster, cross_device_ops)
-        ops = cross_device_ops._bound_to(devices, cluster.num_workers, options)
-        host = CollectiveAllReduce(collective_keys=ops._keys)._bound_to(
-            [f"{cluster.worker_device}/device:CPU:0"],
-            cluster.num_workers,
-            options,
+        ops = cross_device_ops.with_reducer(
+            reducer.bound(devices, cluster.num_workers, options)
+        )
+        # The strategy's own reductions on the worker's CPU (the host side
+        # of a replica's values), with the same keys.
+        host = CollectiveAllReduce(collective_keys=reducer.keys)
+        host_reducer = _collective_reducer(host)
+        assert host_reducer is not None
+        host = host.with_reducer(
+            host_reducer.bound(
+                [f"{cluster.worker_device}/device:CPU:0"],
+                cluster.num_workers,
+                options,
+            )
         )
         _Strategy.__init__(
             self,
@@ -149,7 +159,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         collective that fails because a peer cannot be reached names it (see
         `tf_crossdevice.reporting_unreachable_peers`).
         """
-        _base.check_options(options)
+        values.check_options(options)
         if tf.nest.is_nested(value):
             return tf.nest.map_structure(
                 lambda v: self.reduce(reduce_op, v, axis, options), value
@@ -185,7 +195,7 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
         super().__init__(container, resolver, options)
         self._cross_device_ops = ops
         self._host_cross_device_ops = host
-        self._collective_keys = ops._keys
+        self._collective_keys = ops.reducer.keys
 
     def _initialize_local_devices(self, cluster_resolver, worker_device):
         kind = devices_lib.parse_device(self._our_devices[0])
@@ -202,7 +212,7 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         for extra in self._call_options:
-            options = _base.check_options(options).merge(extra)
+            options = values.check_options(options).merge(extra)
         return super()._reduce_to(reduce_op, value, destinations, options)
 
     def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
@@ -281,7 +291,7 @@ def _copy_to(value: tf.Tensor, device: str) -> tf.Tensor:
 def _local_devices(
     local_devices: Sequence[str] | None,
     cluster: collective_runtime.CollectiveCluster,
-    ops: CollectiveOpsBase,
+    ops: CrossDeviceOpsAdapter,
 ) -> list[str]:
     prefix = cluster.worker_device
     if local_devices is None:
@@ -299,7 +309,7 @@ def _local_devices(
     out = []
     for i, name in enumerate(names):
         parsed = devices_lib.parse_device(
-            _base.canonical_device(name, f"local_devices[{i}]")
+            values.canonical_device(name, f"local_devices[{i}]")
         )
         if parsed.device_type is None:
             raise ValueError(
@@ -311,5 +321,14 @@ def _local_devices(
         )
     if len(set(out)) != len(out):
         raise ValueError(f"local_devices: a device is listed twice: {names}")
-    _base.check_devices_exist(out, "local_devices")
+    values.check_devices_exist(out, "local_devices")
     return out
+
+
+def _collective_reducer(cross_device_ops: Any) -> CollectiveReducer | None:
+    """The collective reducer of one of our collective classes, else None."""
+    if isinstance(cross_device_ops, CrossDeviceOpsAdapter) and isinstance(
+        cross_device_ops.reducer, CollectiveReducer
+    ):
+        return cross_device_ops.reducer
+    return None

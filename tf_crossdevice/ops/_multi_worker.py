@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from absl import logging
 
-from tf_crossdevice._core import checks
+from tf_crossdevice._core import checks, values
 from tf_crossdevice._core import devices as devices_lib
-from tf_crossdevice.compression._powersgd import PowerSGD, split_compression
-from tf_crossdevice.ops import _base
+from tf_crossdevice.compression import PowerSGD, WirePolicy
 from tf_crossdevice.ops import _spec as _spec_ops
+from tf_crossdevice.ops._in_process import InProcessReducer
 
 
 def worker_name(device: str, argument: str) -> str:
@@ -95,13 +96,13 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         *,
         compression: str | PowerSGD | None = None,
     ):
-        wire, self._powersgd = split_compression(compression)
+        wire = WirePolicy.from_compression(compression)
         super().__init__(
             all_reduce_spec,
             num_packs=num_packs,
             agg_small_grads_max_bytes=agg_small_grads_max_bytes,
             agg_small_grads_max_group=agg_small_grads_max_group,
-            compression=wire,
+            compression=wire.codec,
         )
         checks.string_list(
             worker_devices, "worker_devices", "worker device string"
@@ -118,59 +119,25 @@ class MultiWorkerAllReduce(_spec_ops.SpecAllReduce):
         self._worker_names = tuple(names)
         self._num_gpus_per_worker = num_gpus_per_worker
         self._warned_device_type = False
+        spec_reducer = self.reducer
+        assert isinstance(spec_reducer, InProcessReducer)
+        self._reducer = dataclasses.replace(
+            spec_reducer,
+            wire=wire,
+            check=self._check_item,
+            crosses_workers=len(names) > 1,
+        )
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
         """The workers, as '/job:J/replica:R/task:T'."""
         return self._worker_names
 
-    @property
-    def compression(self) -> Any:
-        """None, 'bf16', 'fp16' or the PowerSGD compressor."""
-        return self._powersgd or self._compression
-
-    @_base._no_autograph
-    def batch_reduce(
-        self, reduce_op: Any, value_destination_pairs: Any, options: Any = None
-    ) -> list[Any]:
-        """Reduces several (value, destinations) pairs in one go; with a
-        PowerSGD `compression` and more than one worker, the dense values
-        all-reduced on their own devices go through the compressor."""
-        if self._powersgd is None or len(self._worker_names) == 1:
-            # One worker: nothing crosses a worker boundary.
-            return super().batch_reduce(
-                reduce_op, value_destination_pairs, options
-            )
-        reduce_op = _base.check_reduce_op(reduce_op)
-        _base.check_options(options)
-        items = self._items_from_pairs(value_destination_pairs)
-        for item in items:
-            self._check_item(item)
-        results: list[Any] = [None] * len(items)
-        powersgd = self._powersgd
-        rest = self._all_reduce_groups(
-            reduce_op,
-            items,
-            results,
-            lambda batch, devices: powersgd.sum(
-                batch, self._all_reduce_dense, devices
-            ),
-        )
-        exact = self._reduce_items(reduce_op, [items[i] for i in rest], options)
-        for i, result in zip(rest, exact, strict=True):
-            results[i] = result
-        return results
-
-    def _reduce_batch(self, reduce_op, items, options):
-        for item in items:
-            self._check_item(item)
-        return super()._reduce_batch(reduce_op, items, options)
-
-    def _check_item(self, item: _base.Item) -> None:
+    def _check_item(self, item: values.Item) -> None:
         # Unplaced, a component and its share of the reduction would run
         # wherever TensorFlow puts them: the client's CPU, which then
         # receives every worker's whole input.
-        _base.check_placed(
+        values.check_placed(
             item,
             "MultiWorkerAllReduce reduces each component on its own worker",
         )

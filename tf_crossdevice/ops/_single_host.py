@@ -1,18 +1,28 @@
-"""The single-worker CrossDeviceOps classes: thin, validating wrappers."""
+"""The single-worker CrossDeviceOps classes: the adapter, configured.
+
+Each class checks its arguments and builds its reducer: one device that
+sums (`ReductionToOneDevice`), or an algorithm of the registry after
+optional packing (`AllReduceCrossDeviceOps` and its two presets).
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import tensorflow as tf
 
-from tf_crossdevice.algorithms import _protocol as protocol
-from tf_crossdevice.algorithms import _registry as registry
-from tf_crossdevice.ops import _base
-from tf_crossdevice.packing import _packed_all_reduce as packed
+from tf_crossdevice._core import values
+from tf_crossdevice._core.reducer import OneDevice
+from tf_crossdevice._core.values import Item
+from tf_crossdevice.algorithms._protocol import all_reduce_batch
+from tf_crossdevice.algorithms._registry import build as build_algorithm
+from tf_crossdevice.ops._adapter import CrossDeviceOpsAdapter
+from tf_crossdevice.ops._in_process import InProcessReducer
+from tf_crossdevice.packing import PackedAllReduce, check_packing
 
 
-class ReductionToOneDevice(_base.CrossDeviceOpsBase):
+class ReductionToOneDevice(CrossDeviceOpsAdapter):
     """Sums every value on one device, then copies the sum out.
 
     Args:
@@ -46,9 +56,8 @@ class ReductionToOneDevice(_base.CrossDeviceOpsBase):
         reduce_to_device: str | None = None,
         accumulation_fn: Callable[[list[tf.Tensor]], tf.Tensor] | None = None,
     ):
-        super().__init__()
         if reduce_to_device is not None:
-            reduce_to_device = _base.canonical_device(
+            reduce_to_device = values.canonical_device(
                 reduce_to_device, "reduce_to_device"
             )
         if accumulation_fn is not None and not callable(accumulation_fn):
@@ -58,23 +67,34 @@ class ReductionToOneDevice(_base.CrossDeviceOpsBase):
             )
         self._reduce_to_device = reduce_to_device
         self._accumulation_fn = accumulation_fn
-        self._checked_device = False
-
-    def _reduce_on_one_device(self, reduce_op, item):
-        if self._reduce_to_device is not None and not self._checked_device:
-            _base.check_devices_exist(
-                [self._reduce_to_device], "reduce_to_device"
+        super().__init__(
+            InProcessReducer(
+                type(self).__name__,
+                one_device=OneDevice(reduce_to_device, accumulation_fn),
+                check=_DeviceExists(reduce_to_device),
             )
-            self._checked_device = True
-        return super()._reduce_on_one_device(reduce_op, item)
-
-    def _reduce_batch(self, reduce_op, items, options):
-        # Every value takes the one-device path; the all-reduce path would
-        # only add a copy.
-        return [self._reduce_on_one_device(reduce_op, item) for item in items]
+        )
 
 
-class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
+class _DeviceExists:
+    """Checks once, at the first reduction, that the device exists.
+
+    Not in the constructor: listing the devices initializes TensorFlow's
+    runtime, after which logical devices can no longer be configured, and
+    TF 1 code builds its CrossDeviceOps before it configures devices.
+    """
+
+    def __init__(self, device: str | None) -> None:
+        self._device = device
+        self._checked = device is None
+
+    def __call__(self, item: Item) -> None:
+        if not self._checked and self._device is not None:
+            values.check_devices_exist([self._device], "reduce_to_device")
+            self._checked = True
+
+
+class AllReduceCrossDeviceOps(CrossDeviceOpsAdapter):
     """All-reduce with one algorithm (TF's: NCCL or hierarchical copy).
 
     Packs first if asked (see `num_packs` and the small-tensor arguments).
@@ -116,28 +136,24 @@ class AllReduceCrossDeviceOps(_base.CrossDeviceOpsBase):
         agg_small_grads_max_bytes: int = 0,
         agg_small_grads_max_group: int = 10,
     ):
-        super().__init__()
-        self._builder = registry.build(
-            all_reduce_alg, argument="all_reduce_alg"
-        )
+        builder = build_algorithm(all_reduce_alg, argument="all_reduce_alg")
         (
             self._num_packs,
             self._agg_small_grads_max_bytes,
             self._agg_small_grads_max_group,
-        ) = packed.check_packing(
+        ) = check_packing(
             num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group
         )
-
-    def _all_reduce_dense(self, batch):
-        builder = self._builder
-        return packed.packed_all_reduce(
-            batch,
-            lambda values, indices: protocol.all_reduce_batch(
-                builder, values, indices
-            ),
-            num_packs=self._num_packs,
-            agg_small_grads_max_bytes=self._agg_small_grads_max_bytes,
-            agg_small_grads_max_group=self._agg_small_grads_max_group,
+        super().__init__(
+            InProcessReducer(
+                type(self).__name__,
+                all_reduce=PackedAllReduce(
+                    functools.partial(all_reduce_batch, builder),
+                    self._num_packs,
+                    self._agg_small_grads_max_bytes,
+                    self._agg_small_grads_max_group,
+                ),
+            )
         )
 
 

@@ -10,12 +10,14 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _registry as registry
 from tf_crossdevice.algorithms import _spec as spec_lib
-from tf_crossdevice.compression import _codec as codec
-from tf_crossdevice.ops import _base
-from tf_crossdevice.packing import _packed_all_reduce as packed
+from tf_crossdevice.compression import WirePolicy
+from tf_crossdevice.compression._codec import check_compression
+from tf_crossdevice.ops._adapter import CrossDeviceOpsAdapter
+from tf_crossdevice.ops._in_process import InProcessReducer
+from tf_crossdevice.packing import PackedAllReduce, check_packing
 
 
-class SpecAllReduce(_base.CrossDeviceOpsBase):
+class SpecAllReduce(CrossDeviceOpsAdapter):
     """All-reduce with the algorithms of TF 1's all_reduce_spec.
 
     Works across the devices of one process (logical CPUs, GPUs) and across
@@ -85,21 +87,28 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
         *,
         compression: str | None = None,
     ):
-        super().__init__()
         self._spec = spec_lib.parse_all_reduce_spec(
             all_reduce_spec, registry.algorithm_names()
         )
-        self._compression = codec.check_compression(compression)
-        self._builders = {
-            r: registry.build(r.alg, r.shards, compression=self._compression)
-            for r in self._spec
-        }
+        wire = WirePolicy(codec=check_compression(compression))
         (
             self._num_packs,
             self._agg_small_grads_max_bytes,
             self._agg_small_grads_max_group,
-        ) = packed.check_packing(
+        ) = check_packing(
             num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group
+        )
+        super().__init__(
+            InProcessReducer(
+                type(self).__name__,
+                all_reduce=PackedAllReduce(
+                    SpecPacks(self._spec, wire),
+                    self._num_packs,
+                    self._agg_small_grads_max_bytes,
+                    self._agg_small_grads_max_group,
+                ),
+                wire=wire,
+            )
         )
 
     @property
@@ -107,32 +116,32 @@ class SpecAllReduce(_base.CrossDeviceOpsBase):
         """The parsed spec: one (alg, shards, limit) per size range."""
         return self._spec
 
-    @property
-    def compression(self) -> str | None:
-        """None, 'bf16' or 'fp16': how values cross workers."""
-        return self._compression
 
-    def _all_reduce_dense(self, batch):
-        return packed.packed_all_reduce(
-            batch,
-            self._reduce_packs,
-            num_packs=self._num_packs,
-            agg_small_grads_max_bytes=self._agg_small_grads_max_bytes,
-            agg_small_grads_max_group=self._agg_small_grads_max_group,
-        )
+class SpecPacks:
+    """Sums packs with the algorithm of the spec range their size falls in.
 
-    def _reduce_packs(
+    Each range's packs go as one batch (see `protocol.all_reduce_batch`).
+    """
+
+    def __init__(
+        self, spec: tuple[spec_lib.AllReduceSpecTuple, ...], wire: WirePolicy
+    ) -> None:
+        self.spec = spec
+        self.builders = {
+            r: registry.build(r.alg, r.shards, wire=wire) for r in spec
+        }
+
+    def __call__(
         self, packs: Sequence[Sequence[tf.Tensor]], indices: Sequence[int]
     ) -> list[list[tf.Tensor]]:
-        """Each range's packs as one batch (see `protocol.all_reduce_batch`)."""
         by_range: dict = {}
         for k, pack in enumerate(packs):
-            chosen = spec_lib.select_range(self._spec, size_in_bytes(pack[0]))
+            chosen = spec_lib.select_range(self.spec, size_in_bytes(pack[0]))
             by_range.setdefault(chosen, []).append(k)
         results: list[list[tf.Tensor]] = [[] for _ in packs]
         for chosen, members in by_range.items():
             summed = protocol.all_reduce_batch(
-                self._builders[chosen],
+                self.builders[chosen],
                 [packs[k] for k in members],
                 [indices[k] for k in members],
             )

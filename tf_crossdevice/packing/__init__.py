@@ -12,6 +12,27 @@ pack in TensorFlow.
 May import: `_core`.
 """
 
+from tf_crossdevice.packing._collective_pack import (
+    flatten_pack,
+    plan_packs,
+    unflatten_pack,
+)
 from tf_crossdevice.packing._pack import Packer, make_packer
+from tf_crossdevice.packing._packed_all_reduce import (
+    BatchAllReduce,
+    PackedAllReduce,
+    check_packing,
+    packed_all_reduce,
+)
 
-__all__ = ["Packer", "make_packer"]
+__all__ = [
+    "BatchAllReduce",
+    "PackedAllReduce",
+    "Packer",
+    "check_packing",
+    "flatten_pack",
+    "make_packer",
+    "packed_all_reduce",
+    "plan_packs",
+    "unflatten_pack",
+]

@@ -3,13 +3,15 @@
 `check_packing` validates the packing arguments those classes share
 (`num_packs`, `agg_small_grads_max_bytes`, `agg_small_grads_max_group`);
 `packed_all_reduce` packs each device's tensors with `_pack`, sums the packs
-with the all-reduce it is given and unpacks the sums. The all-reduce is a
+with the all-reduce it is given and unpacks the sums; `PackedAllReduce` is
+the two together, a function of a batch. The all-reduce is a
 callable only: which algorithm sums is the caller's business (the `ops`
 classes pass one built from `algorithms`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
@@ -101,6 +103,33 @@ def packed_all_reduce(
         for k, sums in zip(dynamic, summed, strict=True):
             results[k] = sums
     return results
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedAllReduce:
+    """`all_reduce_batch` after packing, as one function of a batch.
+
+    Attributes:
+        all_reduce_batch: sums a batch of packs (see `packed_all_reduce`).
+        num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group:
+            the packing, as `check_packing` returns it.
+    """
+
+    all_reduce_batch: BatchAllReduce
+    num_packs: int = 0
+    agg_small_grads_max_bytes: int = 0
+    agg_small_grads_max_group: int = 10
+
+    def __call__(
+        self, batch: Sequence[Sequence[tf.Tensor]]
+    ) -> list[list[tf.Tensor]]:
+        return packed_all_reduce(
+            batch,
+            self.all_reduce_batch,
+            num_packs=self.num_packs,
+            agg_small_grads_max_bytes=self.agg_small_grads_max_bytes,
+            agg_small_grads_max_group=self.agg_small_grads_max_group,
+        )
 
 
 def _pack_and_all_reduce(

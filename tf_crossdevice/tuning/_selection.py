@@ -9,7 +9,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_crossdevice._core import checks
-from tf_crossdevice.ops import _base
+from tf_crossdevice._core import values as values_lib
 from tf_crossdevice.ops import _links as topology
 from tf_crossdevice.ops._default import default_cross_device_ops
 from tf_crossdevice.tuning import cost_model
@@ -81,7 +81,7 @@ def select_cross_device_ops(
     ('HierarchicalCopyAllReduce', 8)
     """
     checks.string_list(devices, "devices", "device string")
-    canonical = [_base.canonical_device(d, "devices") for d in devices]
+    canonical = [values_lib.canonical_device(d, "devices") for d in devices]
     if link_matrix is not None:
         topology.check_link_matrix(link_matrix, len(devices))
     if gradients is not None:

@@ -21,8 +21,8 @@ from absl import logging
 from tf_crossdevice._core import checks as _checks
 from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core import tf_internal
+from tf_crossdevice._core import values as values_lib
 from tf_crossdevice.cluster import _in_graph
-from tf_crossdevice.ops import _base
 
 GradientList: TypeAlias = list[tuple[tuple[int, ...], str]]
 
@@ -177,7 +177,7 @@ def topology_of(devices: Any, argument: str = "devices") -> Topology:
         )
     _checks.string_list(devices, argument, "device string")
     canonical = [
-        _base.canonical_device(d, f"{argument}[{i}]")
+        values_lib.canonical_device(d, f"{argument}[{i}]")
         for i, d in enumerate(devices)
     ]
     known = {

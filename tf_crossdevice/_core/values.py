@@ -1,34 +1,23 @@
-"""The public boundary every tf_crossdevice CrossDeviceOps shares.
+"""The value model: what a reduction takes and gives back.
 
-`CrossDeviceOpsBase` turns what users and `tf.distribute.MirroredStrategy`
-pass (PerReplica values, tensors, several kinds of destinations) into plain
-lists of tensors and device names, validates them with messages that name the
-argument, and groups results as TensorFlow does (one destination: the plain
-tensor; several: a `Mirrored` value). Subclasses only implement
-`_all_reduce_dense`: sum a batch of dense values living on the same devices.
+A reduction takes values (PerReplica values, tensors, IndexedSlices,
+variables) and destinations (None, a DistributedValues, a tensor or
+variable, a device string, a list of them). `make_item` turns one pair into
+an `Item`: its components, their canonical devices and the destinations'
+devices, validated with messages that name the argument. Results are
+grouped as TensorFlow groups them (`regroup`: one destination gives the
+plain tensor, several a `Mirrored`).
 
-Destinations may be None (the value's own devices), a DistributedValues (its
-devices), a tensor or variable (its device), a device string, or a list of
-device strings. Device strings (and a tensor's device) are completed from the
-enclosing `tf.device` scope, as TensorFlow's `device_util.resolve` does.
+Device strings (and a tensor's device) are completed from the enclosing
+`tf.device` scope, as TensorFlow's `device_util.resolve` does. Inside a
+tf.function or a TF 1 graph, a tensor built outside any `tf.device` scope
+has no device (''); `check_placed` refuses such a component where the
+reduction needs its device.
 
-Dense values whose destinations are exactly their own devices go to the
-subclass's all-reduce. Everything else (other destinations, `IndexedSlices`)
-is summed on one device, the first destination (or the subclass's
-`_reduce_to_device`), and copied to the destinations. `IndexedSlices` are
-summed by concatenating indices and values, as TensorFlow does.
-
-Inside a tf.function or a TF 1 graph, a tensor built outside any
-`tf.device` scope has no device (''). Such a component is refused, naming
-the value and the component, where the reduction needs its device: an
-all-reduce across the components' own devices, or destinations=None (the
-value's own devices); `check_placed` holds the rule. Where one device sums
-and the destinations are given, TensorFlow places it, as TensorFlow's own
-ReductionToOneDevice does.
-
-MEAN divides the sum by the number of replicas (components times
-`_num_between_graph_workers`). For integer dtypes MEAN follows TensorFlow's
-ReductionToOneDevice and returns the float64 mean.
+MEAN divides the sum by the number of replicas (`divide`). For integer
+dtypes MEAN follows TensorFlow's ReductionToOneDevice and returns the
+float64 mean. `IndexedSlices` are summed by concatenating indices and
+values, as TensorFlow does, and gathered along axis 0 only.
 """
 
 from __future__ import annotations
@@ -41,13 +30,12 @@ import tensorflow as tf
 
 from tf_crossdevice._core import checks, tf_internal
 from tf_crossdevice._core import devices as devices_lib
-from tf_crossdevice.algorithms import _reduction_to_one_device as one_device
 
 ReduceOp: TypeAlias = tf.distribute.ReduceOp
 # Nothing here branches on tensor values, so autograph has nothing to convert;
 # left to it, it would still rewrite this code on every trace of a user's
 # tf.function, which makes tracing slow.
-_no_autograph = tf.autograph.experimental.do_not_convert
+no_autograph = tf.autograph.experimental.do_not_convert
 # A dense tensor or tf.IndexedSlices (TensorFlow has no type stubs).
 Value: TypeAlias = Any
 
@@ -181,7 +169,7 @@ def check_devices_exist(devices: Sequence[str], argument: str) -> None:
             )
 
 
-def _as_component(value: Any, argument: str) -> Value:
+def as_component(value: Any, argument: str) -> Value:
     if isinstance(value, tf.IndexedSlices):
         return value
     if isinstance(value, tf.Variable):
@@ -222,7 +210,7 @@ def value_components(
     if not raw:
         raise ValueError(f"{argument}: has no per-replica values to reduce")
     components = tuple(
-        _as_component(v, f"{argument} (replica {i})") for i, v in enumerate(raw)
+        as_component(v, f"{argument} (replica {i})") for i, v in enumerate(raw)
     )
     if any(isinstance(c, tf.IndexedSlices) for c in components) and not all(
         isinstance(c, tf.IndexedSlices) for c in components
@@ -261,7 +249,7 @@ def _slice_shape(value: Value, concat_axis: int | None) -> tf.TensorShape:
     if concat_axis is None or shape.rank is None:
         return shape
     if not -shape.rank <= concat_axis < shape.rank:
-        return shape  # _gather_on reports the bad axis.
+        return shape  # gather_on reports the bad axis.
     dims = shape.as_list()
     dims[concat_axis] = None
     return tf.TensorShape(dims)
@@ -383,6 +371,32 @@ def make_item(
     return item
 
 
+def items_from_pairs(value_destination_pairs: Any) -> list[Item]:
+    """`batch_reduce`'s (value, destinations) pairs as Items, validated."""
+    if not isinstance(value_destination_pairs, (list, tuple)):
+        raise TypeError(
+            "value_destination_pairs: expected a list of (value, "
+            f"destinations) pairs, got "
+            f"{type(value_destination_pairs).__name__}"
+        )
+    items = []
+    for i, pair in enumerate(value_destination_pairs):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise TypeError(
+                f"value_destination_pairs[{i}]: expected a (value, "
+                f"destinations) pair, got {pair!r}"
+            )
+        value, destinations = pair
+        items.append(
+            make_item(
+                value,
+                unplaced_to_none(value, destinations),
+                f"value_destination_pairs[{i}]",
+            )
+        )
+    return items
+
+
 def divide(value: Value, count: int) -> Value:
     """MEAN's division; integers become the float64 mean, like TensorFlow."""
     if isinstance(value, tf.IndexedSlices):
@@ -439,256 +453,6 @@ def sum_sparse(
         )
 
 
-class CrossDeviceOpsBase(tf.distribute.CrossDeviceOps):
-    """Validation, destinations, sparse values and MEAN for every subclass.
-
-    Subclasses implement `_all_reduce_dense`; `_reduce_to_device` and
-    `_accumulation_fn` steer the reduce-to-one-device path.
-    """
-
-    _reduce_to_device: str | None = None
-    _accumulation_fn: one_device.AccumulationFn | None = None
-
-    # ---- What subclasses implement -------------------------------------
-
-    def _all_reduce_dense(
-        self, batch: Sequence[Sequence[tf.Tensor]]
-    ) -> list[list[tf.Tensor]]:
-        """Sums each value of `batch` across its devices.
-
-        Args:
-            batch: `batch[k][d]` is value k's dense tensor on device d; every
-                value has the same devices, in the same order, and more than
-                one.
-
-        Returns:
-            `result[k][d]`: value k's sum, on the same device as `batch[k][d]`.
-        """
-        raise NotImplementedError
-
-    # ---- The public methods MirroredStrategy and users call -------------
-
-    @_no_autograph
-    def reduce(
-        self,
-        reduce_op: Any,
-        per_replica_value: Any,
-        destinations: Any = None,
-        options: Any = None,
-    ) -> Any:
-        """Reduces `per_replica_value` to `destinations` (None: its devices).
-
-        Returns:
-            The reduced tensor when there is one destination device, else a
-            Mirrored value with one component per destination device.
-        """
-        reduce_op = check_reduce_op(reduce_op)
-        options = check_options(options)
-        item = make_item(per_replica_value, destinations, "per_replica_value")
-        return self._reduce_items(reduce_op, [item], options)[0]
-
-    @_no_autograph
-    def batch_reduce(
-        self, reduce_op: Any, value_destination_pairs: Any, options: Any = None
-    ) -> list[Any]:
-        """Reduces several (value, destinations) pairs in one go.
-
-        An empty list gives an empty list.
-        """
-        reduce_op = check_reduce_op(reduce_op)
-        options = check_options(options)
-        return self._reduce_items(
-            reduce_op, self._items_from_pairs(value_destination_pairs), options
-        )
-
-    @_no_autograph
-    def broadcast(self, tensor: Any, destinations: Any = None) -> Any:
-        """Mirrors `tensor` onto `destinations` (None: the tensor's device)."""
-        return self.broadcast_implementation(tensor, destinations)
-
-    @_no_autograph
-    def gather(
-        self,
-        per_replica_value: Any,
-        destinations: Any = None,
-        axis: int = 0,
-        options: Any = None,
-    ) -> Any:
-        """Concatenates the replicas' values along `axis` on `destinations`.
-
-        `IndexedSlices` are gathered along axis 0 only: replica r's indices
-        are shifted by r times the dense first dimension.
-        """
-        return self._gather(per_replica_value, destinations, axis, options)
-
-    # ---- TensorFlow's hooks ---------------------------------------------
-
-    @_no_autograph
-    def reduce_implementation(
-        self, reduce_op, per_replica_value, destinations, options
-    ):
-        return self.reduce(reduce_op, per_replica_value, destinations, options)
-
-    @_no_autograph
-    def batch_reduce_implementation(
-        self, reduce_op, value_destination_pairs, options
-    ):
-        return self.batch_reduce(reduce_op, value_destination_pairs, options)
-
-    @_no_autograph
-    def broadcast_implementation(self, tensor, destinations):
-        component = _as_component(tensor, "tensor")
-        source = (
-            canonical_device(component.device, "tensor")
-            if component.device
-            else ""
-        )
-        devices = resolve_destinations(destinations, [source])
-        return regroup([copy_value(component, d) for d in devices])
-
-    @_no_autograph
-    def _gather(self, per_replica_value, destinations, axis, options=None):
-        check_options(options)
-        return self._gather_implementation(
-            per_replica_value, destinations, axis, options
-        )
-
-    @_no_autograph
-    def _gather_implementation(
-        self, per_replica_value, destinations, axis, options
-    ):
-        checks.integer(axis, "axis")
-        item = make_item(
-            per_replica_value, destinations, "per_replica_value", axis
-        )
-        axis = check_gather_axis(item, axis)
-        gathered = _gather_on(item, axis, item.destinations[0])
-        return regroup([copy_value(gathered, d) for d in item.destinations])
-
-    # ---- The shared machinery -------------------------------------------
-
-    def _items_from_pairs(self, value_destination_pairs: Any) -> list[Item]:
-        if not isinstance(value_destination_pairs, (list, tuple)):
-            raise TypeError(
-                "value_destination_pairs: expected a list of (value, "
-                f"destinations) pairs, got "
-                f"{type(value_destination_pairs).__name__}"
-            )
-        items = []
-        for i, pair in enumerate(value_destination_pairs):
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise TypeError(
-                    f"value_destination_pairs[{i}]: expected a (value, "
-                    f"destinations) pair, got {pair!r}"
-                )
-            items.append(
-                make_item(pair[0], pair[1], f"value_destination_pairs[{i}]")
-            )
-        return items
-
-    def _reduce_items(
-        self, reduce_op: ReduceOp, items: list[Item], options: Any
-    ) -> list:
-        """Results in order; a one-replica value already in place is copied.
-
-        That is TensorFlow's shortcut too (its base reduce and batch_reduce),
-        and MirroredStrategy relies on it: when every replica all-reduces
-        the same tensor, it hands over that one tensor and expects it back.
-        Like TensorFlow, the copy keeps the dtype even for MEAN: one replica's
-        mean is its value.
-        """
-        results: list[Any] = [None] * len(items)
-        rest = []
-        for i, item in enumerate(items):
-            if (
-                len(item.components) == 1
-                and item.destinations == item.devices
-                and self._num_between_graph_workers == 1
-            ):
-                results[i] = copy_value(item.components[0], item.devices[0])
-            else:
-                rest.append(i)
-        reduced = self._reduce_batch(
-            reduce_op, [items[i] for i in rest], options
-        )
-        for i, result in zip(rest, reduced, strict=True):
-            results[i] = result
-        return results
-
-    def _reduce_batch(
-        self, reduce_op: ReduceOp, items: list[Item], options: Any
-    ) -> list:
-        """Reduces `items` (none of them one replica in place).
-
-        `options` (CommunicationOptions) matter to the collective classes
-        only.
-        """
-        results: list[Any] = [None] * len(items)
-        rest = self._all_reduce_groups(
-            reduce_op,
-            items,
-            results,
-            lambda batch, _: self._all_reduce_dense(batch),
-        )
-        for i in rest:
-            results[i] = self._reduce_on_one_device(reduce_op, items[i])
-        return results
-
-    def _all_reduce_groups(
-        self,
-        reduce_op: ReduceOp,
-        items: list[Item],
-        results: list[Any],
-        sum_batch: Any,
-    ) -> list[int]:
-        """Puts into `results` the items all-reduced on their own devices
-        (dense, several devices), summed by `sum_batch(batch, devices)` one
-        group of devices at a time; returns the indices of the others."""
-        groups: dict[tuple[str, ...], list[int]] = {}
-        rest = []
-        for i, item in enumerate(items):
-            if (
-                not item.sparse
-                and len(item.devices) > 1
-                and item.destinations == item.devices
-            ):
-                check_placed(
-                    item,
-                    f"{type(self).__name__} all-reduces on the components' "
-                    "own devices",
-                )
-                groups.setdefault(item.devices, []).append(i)
-            else:
-                rest.append(i)
-        for devices, indices in groups.items():
-            batch = [list(items[i].components) for i in indices]
-            summed = sum_batch(batch, devices)
-            for i, per_device in zip(indices, summed, strict=True):
-                if reduce_op == ReduceOp.MEAN:
-                    count = self._replica_count(items[i])
-                    per_device = [divide_in_place(t, count) for t in per_device]
-                results[i] = regroup(per_device)
-        return rest
-
-    def _reduce_on_one_device(self, reduce_op: ReduceOp, item: Item) -> Any:
-        device = self._reduce_to_device or item.destinations[0]
-        if item.sparse:
-            total = sum_sparse(item.components, device)  # type: ignore[arg-type]
-        else:
-            total = one_device.sum_on_device(
-                item.components,  # type: ignore[arg-type]
-                device,
-                self._accumulation_fn,
-            )
-        if reduce_op == ReduceOp.MEAN:
-            with tf.device(device):
-                total = divide(total, self._replica_count(item))
-        return regroup([copy_value(total, d) for d in item.destinations])
-
-    def _replica_count(self, item: Item) -> int:
-        return len(item.components) * self._num_between_graph_workers
-
-
 def _gather_sparse(
     components: Sequence[tf.IndexedSlices], device: str
 ) -> tf.IndexedSlices:
@@ -719,12 +483,13 @@ def _gather_sparse(
         )
 
 
-def divide_in_place(tensor: tf.Tensor, count: int) -> Value:
-    with tf.device(tensor.device):
-        return divide(tensor, count)
+def divide_on_device(value: Value, device: str, count: int) -> Value:
+    """`divide(value, count)` computed on `device`."""
+    with tf.device(device):
+        return divide(value, count)
 
 
-def _gather_on(item: Item, axis: int, device: str) -> Value:
+def gather_on(item: Item, axis: int, device: str) -> Value:
     """Gathers on `device`; `axis` as `check_gather_axis` returns it."""
     if item.sparse:
         if any(c.dense_shape is None for c in item.components):
@@ -737,3 +502,74 @@ def _gather_on(item: Item, axis: int, device: str) -> Value:
         if item.components[0].shape.rank == 0:
             return tf.stack(list(item.components), axis=0)
         return tf.concat(list(item.components), axis=axis)
+
+
+def unplaced_to_none(value: Any, destinations: Any) -> Any:
+    """None for destinations '' that are an unplaced tensor's own device.
+
+    ReplicaContext.all_reduce and all_gather merge_call with each tensor's
+    own device as its destinations (TensorFlow's _batch_reduce_destination).
+    With one local replica, inside a tf.function, that device is '': the
+    tensor was left for TensorFlow to place, and '' means "where the value
+    is", as None does. Refusing it made replica-context all_reduce and
+    all_gather fail with one device per worker (TensorFlow's own strategy
+    fails there too: "destinations can not be empty").
+    """
+    if (
+        isinstance(destinations, str)
+        and destinations == getattr(value, "device", None) == ""
+    ):
+        return None
+    return destinations
+
+
+def options_key(options: Any) -> tuple[Any, ...]:
+    """The fields of CommunicationOptions (which compare by identity)."""
+    return (
+        options.bytes_per_pack,
+        options.timeout_seconds,
+        options.implementation,
+    )
+
+
+def type_specs(nested: Any) -> tuple[Any, ...]:
+    """The type specs (shape, dtype, dense or sparse) of nested values."""
+    return tuple(tf.type_spec_from_value(v) for v in tf.nest.flatten(nested))
+
+
+def first_device(value: Value) -> str:
+    """The device of a tensor, or of an IndexedSlices' values."""
+    if isinstance(value, tf.IndexedSlices):
+        return value.values.device
+    return value.device
+
+
+def route(
+    per_device: Sequence[Value],
+    devices: tuple[str, ...],
+    destinations: tuple[str, ...],
+) -> Any:
+    """A result summed on `devices`, on `destinations`: the copy already
+    there, else the first device's, grouped as `regroup` groups."""
+    if destinations == devices:
+        return regroup(list(per_device))
+    # Every device's part of the reduction must run, also those whose result
+    # no destination takes: a TF 1 Session prunes what it does not fetch,
+    # and a collective of device 0 would wait for its peers for good.
+    everyone = [t for v in per_device for t in _tensors(v)]
+    out = []
+    with tf.control_dependencies(
+        everyone if not tf.executing_eagerly() else []
+    ):
+        for d in destinations:
+            source = (
+                per_device[devices.index(d)] if d in devices else per_device[0]
+            )
+            out.append(copy_value(source, d))
+    return regroup(out)
+
+
+def _tensors(value: Value) -> list[tf.Tensor]:
+    if isinstance(value, tf.IndexedSlices):
+        return [value.values, value.indices]
+    return [value]

@@ -120,6 +120,7 @@ PUBLIC_API = {
     "tf_crossdevice.compression": [
         "COMPRESSIONS",
         "PowerSGD",
+        "WirePolicy",
         "compresses",
         "gather_compression_pays",
         "sum_tolerance",

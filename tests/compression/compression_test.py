@@ -2,7 +2,7 @@
 
 The codec is checked against numpy with random values and the documented
 bound; the builders and classes with fake workers (groups of local logical
-CPUs declared different workers through `same_worker`).
+CPUs declared different workers through a `WirePolicy`'s `same_worker`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from tests import traffic_util
 from tf_crossdevice import testing
 from tf_crossdevice.algorithms import _nccl as nccl
 from tf_crossdevice.algorithms import _registry as registry
+from tf_crossdevice.compression import WirePolicy
 from tf_crossdevice.compression import _codec as compression
+from tf_crossdevice.compression._wire_policy import Wire
 
 FLOATS = {"float32": np.float32, "float64": np.float64}
 
@@ -174,12 +176,17 @@ def fake_workers(devices_per_worker):
     return same_worker
 
 
+def fake_wire(codec, devices_per_worker):
+    """A policy with `codec` across fake workers (see `fake_workers`)."""
+    return WirePolicy(codec, same_worker=fake_workers(devices_per_worker))
+
+
 def test_wire_compresses_only_across_fake_workers_and_copies_identically():
     cpus = testing.cpu_devices(4)
     x = np.float32(1.0 + 2.0**-10)
     with tf.device(cpus[0]):
         value = tf.constant([x, 3.0])
-    wire = compression.Wire(cpus, tf.float32, "bf16", fake_workers(2))
+    wire = Wire(cpus, tf.float32, fake_wire("bf16", 2))
     assert wire.active and wire.crosses(cpus[1], cpus[2])
     assert not wire.crosses(cpus[0], cpus[1])
     assert wire.receive(value, cpus[1]) is value
@@ -195,14 +202,13 @@ def test_wire_compresses_only_across_fake_workers_and_copies_identically():
 
 def test_wire_is_inactive_inside_one_worker_and_for_other_dtypes():
     cpus = testing.cpu_devices(2)
-    assert not compression.Wire(cpus, tf.float32, "fp16").active
-    same = fake_workers(1)
-    assert not compression.Wire(cpus, tf.int64, "fp16", same).active
-    assert not compression.Wire(cpus, tf.bfloat16, "bf16", same).active
-    assert not compression.Wire(cpus, tf.float32, None, same).active
+    assert not Wire(cpus, tf.float32, WirePolicy("fp16")).active
+    assert not Wire(cpus, tf.int64, fake_wire("fp16", 1)).active
+    assert not Wire(cpus, tf.bfloat16, fake_wire("bf16", 1)).active
+    assert not Wire(cpus, tf.float32, fake_wire(None, 1)).active
     with tf.device(cpus[0]):
         value = tf.constant([1.0 + 2.0**-10])
-    copy = compression.Wire(cpus, tf.float32, None, same).copy(value, cpus[1])
+    copy = Wire(cpus, tf.float32, fake_wire(None, 1)).copy(value, cpus[1])
     assert copy.device == cpus[1]
     np.testing.assert_array_equal(copy.numpy(), value.numpy())
 
@@ -223,15 +229,13 @@ ROUNDINGS = {
 }
 
 
-def reduce_with(name, arrays, dtype, codec, same_worker, shards=2):
+def reduce_with(name, arrays, dtype, wire, shards=2):
     cpus = testing.cpu_devices(len(arrays))
     tensors = []
     for a, d in zip(arrays, cpus, strict=True):
         with tf.device(d):
             tensors.append(tf.cast(tf.constant(a), dtype))
-    all_reduce = registry.build(
-        name, shards, compression=codec, same_worker=same_worker
-    )
+    all_reduce = registry.build(name, shards, wire=wire)
     results = all_reduce(tensors, 0)
     assert [r.device for r in results] == cpus
     return [r.numpy() for r in results]
@@ -260,7 +264,7 @@ def test_compressed_sums_within_the_bound_and_identical_on_replicas(
         for _ in range(4)
     ]
     arrays = [a.astype(dtype) for a in arrays]
-    results = reduce_with(name, arrays, dtype, codec, fake_workers(2))
+    results = reduce_with(name, arrays, dtype, fake_wire(codec, 2))
     want = np.sum(np.asarray(arrays, np.float64), axis=0)
     err = np.abs(results[0].astype(np.float64) - want)
     assert np.all(err <= sum_bound(arrays, codec, dtype, ROUNDINGS[name]))
@@ -279,7 +283,7 @@ def test_other_dtypes_pass_unchanged_and_exactly(name, codec):
         arrays = [rng.integers(-8, 9, size=50) / 2 for _ in range(4)]
         if dtype.is_integer:
             arrays = [(a * 2**20).astype(np.int64) for a in arrays]
-        results = reduce_with(name, arrays, dtype, codec, fake_workers(2))
+        results = reduce_with(name, arrays, dtype, fake_wire(codec, 2))
         want = np.sum(np.asarray(arrays, np.float64), axis=0)
         for r in results:
             assert r.dtype == dtype.as_numpy_dtype
@@ -291,17 +295,15 @@ def test_other_dtypes_pass_unchanged_and_exactly(name, codec):
 def test_inside_one_worker_nothing_changes(name, codec):
     rng = np.random.default_rng(1)
     arrays = [rng.normal(size=101).astype(np.float32) for _ in range(4)]
-    plain = reduce_with(name, arrays, tf.float32, None, None)
-    compressed = reduce_with(name, arrays, tf.float32, codec, None)
+    plain = reduce_with(name, arrays, tf.float32, WirePolicy())
+    compressed = reduce_with(name, arrays, tf.float32, WirePolicy(codec))
     for p, c in zip(plain, compressed, strict=True):
         np.testing.assert_array_equal(c, p)
 
 
 def traced_graph(name, codec, n=4, size=1200, dtype=tf.float32):
     cpus = testing.cpu_devices(n)
-    all_reduce = registry.build(
-        name, 2, compression=codec, same_worker=fake_workers(n // 2)
-    )
+    all_reduce = registry.build(name, 2, wire=fake_wire(codec, n // 2))
 
     @tf.function(autograph=False)
     def run():
@@ -355,9 +357,7 @@ def test_nccl_itself_across_workers_refuses_compression(monkeypatch):
     for d in cpus:
         with tf.device(d):
             tensors.append(tf.ones([3]))
-    all_reduce = registry.build(
-        "nccl", compression="bf16", same_worker=fake_workers(1)
-    )
+    all_reduce = registry.build("nccl", wire=fake_wire("bf16", 1))
     with pytest.raises(
         ValueError, match="compression: 'bf16' cannot apply to NCCL"
     ):
@@ -368,7 +368,7 @@ def test_registered_algorithm_without_compression_is_refused():
     registry.register("plain_test_alg", lambda shards: None)
     try:
         with pytest.raises(ValueError, match="compression: algorithm 'plain"):
-            registry.build("plain_test_alg", compression="fp16")
+            registry.build("plain_test_alg", wire=WirePolicy("fp16"))
     finally:
         registry.unregister("plain_test_alg")
 

@@ -2,9 +2,12 @@
 
 Every algorithm is a builder with one call shape (`_protocol`), registered
 by name in `_registry`; two-level algorithms (`inner/outer`) are composed
-from the registry. A builder's schedule (who sends which chunk to whom) is
-pure Python beside it (`_ring_schedule.py` beside `_ring.py`), so it can be
-tested without TensorFlow. `_spec` parses TF 1's `all_reduce_spec` grammar.
+from the registry. How values cross workers (a 16-bit codec or none, and
+which links count as crossing) is one `tf_crossdevice.compression.WirePolicy`,
+the `wire=` keyword of every factory. A builder's schedule (who sends which
+chunk to whom) is pure Python beside it (`_ring_schedule.py` beside
+`_ring.py`), so it can be tested without TensorFlow. `_spec` parses TF 1's
+`all_reduce_spec` grammar.
 
 May import: `_core`, `compression`.
 """

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import tensorflow as tf
 
 from tf_crossdevice.algorithms import _flat
-from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice.compression._wire_policy import Wire, WirePolicy
 
 Move = tuple[int, int, int]
 """(source device index, destination device index, chunk index)."""
@@ -40,22 +40,21 @@ class Chunks:
             `_flat.check_inputs`); `tensors[i].device` says where.
         num_chunks: chunks per device (`_flat.split_flat` pads to a
             multiple of it).
-        compression, same_worker: as `compression.Wire`; transfers between
-            workers travel through it.
+        wire: how values cross workers (see
+            `tf_crossdevice.compression.WirePolicy`); transfers between
+            workers travel through its `Wire`.
     """
 
     def __init__(
         self,
         tensors: Sequence[tf.Tensor],
         num_chunks: int,
-        compression: str | None = None,
-        same_worker: codec.SameWorker | None = None,
+        *,
+        wire: WirePolicy | None = None,
     ):
         self._tensors = list(tensors)
         self._devices = [t.device for t in tensors]
-        self._wire = codec.Wire(
-            self._devices, tensors[0].dtype, compression, same_worker
-        )
+        self._wire = Wire(self._devices, tensors[0].dtype, wire)
         self._chunks = [_flat.split_flat(t, num_chunks) for t in tensors]
 
     def step(self, moves: Iterable[Move], add: bool) -> None:

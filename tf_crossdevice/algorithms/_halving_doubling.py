@@ -36,7 +36,7 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _exchange, _flat
 from tf_crossdevice.algorithms import _halving_doubling_schedule as hd
 from tf_crossdevice.algorithms import _protocol as protocol
-from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice.compression._wire_policy import WirePolicy
 
 
 # Plain Python loops over the schedule: nothing for AutoGraph to convert,
@@ -46,8 +46,7 @@ def halving_doubling_all_reduce(
     tensors: Sequence[tf.Tensor],
     num_shards: int = 1,
     *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    wire: WirePolicy | None = None,
 ) -> list[tf.Tensor]:
     """Sums `tensors` elementwise by recursive halving and doubling.
 
@@ -60,10 +59,9 @@ def halving_doubling_all_reduce(
             `_flat.SUPPORTED_DTYPES`); a tensor's device is `t.device`.
         num_shards: number of independent instances the data is split
             between.
-        compression: None, 'bf16' or 'fp16': float32 and float64 values
-            crossing workers travel as 16 bits (see `compression.Wire`).
-        same_worker: the "same worker?" predicate for `compression`;
-            default by job, replica and task.
+        wire: how values cross workers: float32 and float64 values travel
+            as 16 bits with a codec (see
+            `tf_crossdevice.compression.WirePolicy`); None: as they are.
 
     Returns:
         The sum, one tensor per input: the i-th on `tensors[i].device`, with
@@ -95,9 +93,7 @@ def halving_doubling_all_reduce(
             return alone
         n = len(tensors)
         p = hd.num_chunks(n)
-        chunks = _exchange.Chunks(
-            tensors, num_shards * p, compression, same_worker
-        )
+        chunks = _exchange.Chunks(tensors, num_shards * p, wire=wire)
 
         def moves(
             transfers: Sequence[hd.Transfer], offset: int
@@ -120,18 +116,11 @@ def halving_doubling_all_reduce(
 
 
 def builder(
-    shards: int = 1,
-    *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    shards: int = 1, *, wire: WirePolicy | None = None
 ) -> protocol.AllReduceBuilder:
     """The registry's factory: `shards` independent halving-doublings."""
     return protocol.bind_shards(
-        functools.partial(
-            halving_doubling_all_reduce,
-            compression=compression,
-            same_worker=same_worker,
-        ),
+        functools.partial(halving_doubling_all_reduce, wire=wire),
         shards,
         chunks=hd.num_chunks,
     )

@@ -12,15 +12,14 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _hierarchical_copy_schedule as schedule
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _reduction_to_one_device as one_device
-from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice.compression._wire_policy import Wire, WirePolicy
 
 
 def hierarchical_copy_all_reduce(
     tensors: Sequence[tf.Tensor],
     tensor_index: int = 0,
     *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    wire: WirePolicy | None = None,
 ) -> list[tf.Tensor]:
     """All-reduce (sum) of one tensor per device by hierarchical copy.
 
@@ -29,10 +28,9 @@ def hierarchical_copy_all_reduce(
         tensor_index: position of this tensor in its batch; it picks the main
             device (`tensor_index % len(tensors)`) so that a batch spreads the
             summing over all devices.
-        compression: None, 'bf16' or 'fp16': float32 and float64 values
-            crossing workers travel as 16 bits (see `compression.Wire`).
-        same_worker: the "same worker?" predicate for `compression`;
-            default by job, replica and task.
+        wire: how values cross workers: float32 and float64 values travel
+            as 16 bits with a codec (see
+            `tf_crossdevice.compression.WirePolicy`); None: as they are.
 
     Returns:
         The sum, the i-th copy on `tensors[i].device`.
@@ -51,34 +49,31 @@ def hierarchical_copy_all_reduce(
     if len(tensors) == 1:
         return one_device.copy_to_devices(tensors[0], devices)
     plan = schedule.hierarchical_copy_plan(len(tensors), tensor_index)
-    wire = codec.Wire(devices, tensors[0].dtype, compression, same_worker)
+    transfers = Wire(devices, tensors[0].dtype, wire)
     main_root = devices[plan.main_root]
     main_sum = one_device.sum_on_device(
-        [wire.receive(tensors[i], main_root) for i in plan.main_group],
+        [transfers.receive(tensors[i], main_root) for i in plan.main_group],
         main_root,
     )
     assert plan.other_root is not None  # n >= 2: both groups are non-empty.
     other_root = devices[plan.other_root]
     other_sum = one_device.sum_on_device(
-        [wire.receive(tensors[i], other_root) for i in plan.other_group],
+        [transfers.receive(tensors[i], other_root) for i in plan.other_group],
         other_root,
     )
     total = one_device.sum_on_device(
-        [main_sum, wire.receive(other_sum, main_root)], main_root
+        [main_sum, transfers.receive(other_sum, main_root)], main_root
     )
-    other_total = wire.copy(total, other_root)
+    other_total = transfers.copy(total, other_root)
     roots = {plan.main_root: total, plan.other_root: other_total}
     return [
-        wire.copy(roots[plan.root_of(i)], device)
+        transfers.copy(roots[plan.root_of(i)], device)
         for i, device in enumerate(devices)
     ]
 
 
 def builder(
-    shards: int = 1,
-    *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    shards: int = 1, *, wire: WirePolicy | None = None
 ) -> protocol.AllReduceBuilder:
     """The registry's factory: one hierarchical copy per shard; shard `s`
     of value `k` rotates the main device to `k * shards + s`."""
@@ -86,8 +81,6 @@ def builder(
     def hierarchical_copy(
         tensors: Sequence[tf.Tensor], index: int
     ) -> list[tf.Tensor]:
-        return hierarchical_copy_all_reduce(
-            tensors, index, compression=compression, same_worker=same_worker
-        )
+        return hierarchical_copy_all_reduce(tensors, index, wire=wire)
 
     return protocol.shard_wise(hierarchical_copy, shards)

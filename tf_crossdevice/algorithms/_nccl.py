@@ -12,9 +12,9 @@ Compression: NCCL sums in the dtype it is given, so it never sees 16-bit
 data. TensorFlow's NCCL runs inside one worker, so a stage that crosses
 workers always takes the one-device fallback, and that fallback compresses
 its cross-worker transfers like every other builder (see
-`tf_crossdevice.compression._codec.Wire`). Only NCCL itself across devices
-that `same_worker` calls different workers (fake workers) refuses
-compression.
+`tf_crossdevice.compression.WirePolicy`). Only NCCL itself across devices
+that the policy's `same_worker` calls different workers (fake workers)
+refuses compression.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core import tf_internal
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _reduction_to_one_device as one_device
-from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice.compression._wire_policy import Wire, WirePolicy
 
 # The dtypes TensorFlow's NcclAllReduce kernel takes.
 NCCL_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
@@ -71,16 +71,14 @@ def nccl_unavailable_reason(
 def nccl_all_reduce(
     tensors: Sequence[tf.Tensor],
     *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    wire: WirePolicy | None = None,
 ) -> list[tf.Tensor]:
     """All-reduce (sum) with NCCL, or on one device where NCCL cannot run.
 
     Returns one sum per input, the i-th on `tensors[i].device`.
 
-    `compression` and `same_worker` apply to the one-device fallback (see
-    the module docstring); with NCCL itself across workers `compression`
-    raises ValueError.
+    `wire` applies to the one-device fallback (see the module docstring);
+    with NCCL itself across workers a codec raises ValueError.
 
     >>> devices = tf_crossdevice.testing.cpu_devices(2)
     >>> tensors = []
@@ -96,10 +94,11 @@ def nccl_all_reduce(
     reason = None
     if len(tensors) > 1:
         reason = nccl_unavailable_reason(devices, tensors[0].dtype)
-    wire = codec.Wire(devices, tensors[0].dtype, compression, same_worker)
-    if wire.active and reason is None:
+    transfers = Wire(devices, tensors[0].dtype, wire)
+    if transfers.active and reason is None:
+        assert wire is not None  # Only a codec makes the transfers active.
         raise ValueError(
-            f"compression: {compression!r} cannot apply to NCCL, which sums "
+            f"compression: {wire.codec!r} cannot apply to NCCL, which sums "
             f"in the dtype it is given, across workers ({', '.join(devices)}); "
             "use compression=None or an all_reduce_spec whose stage across "
             "workers is not nccl (e.g. 'nccl/xring')"
@@ -114,11 +113,11 @@ def nccl_all_reduce(
                 reason,
                 devices[0],
             )
-        if wire.active:
+        if transfers.active:
             total = one_device.sum_on_device(
-                [wire.receive(t, devices[0]) for t in tensors], devices[0]
+                [transfers.receive(t, devices[0]) for t in tensors], devices[0]
             )
-            return [wire.copy(total, d) for d in devices]
+            return [transfers.copy(total, d) for d in devices]
         return one_device.reduce_to_one_device_all_reduce(tensors)
     if tf.executing_eagerly():
         # Every rank's NcclAllReduce must be launched together; one eager op
@@ -128,18 +127,13 @@ def nccl_all_reduce(
 
 
 def builder(
-    shards: int = 1,
-    *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    shards: int = 1, *, wire: WirePolicy | None = None
 ) -> protocol.AllReduceBuilder:
     """The registry's factory: `shards` independent NCCL all-reduces."""
 
     def nccl(tensors: Sequence[tf.Tensor], index: int) -> list[tf.Tensor]:
         del index  # NCCL reduces every value alike.
-        return nccl_all_reduce(
-            tensors, compression=compression, same_worker=same_worker
-        )
+        return nccl_all_reduce(tensors, wire=wire)
 
     return protocol.shard_wise(nccl, shards)
 

@@ -11,11 +11,13 @@ Adding an algorithm: write a module with a factory `builder(shards) ->
 AllReduceBuilder` and add one line to `_FACTORIES` (or call `register`);
 tests/algorithms/builders_test.py then runs the builder contract on it.
 
-Compression: `build(..., compression='bf16' | 'fp16')` makes float32 and
-float64 values cross workers as 16 bits (see `tf_crossdevice.compression`);
-for 'inner/outer' only the outer stage compresses. The built-in factories
-take `compression=` and `same_worker=` keywords; a registered one that does
-not is refused with compression.
+Compression: `build(..., wire=WirePolicy(codec='bf16' | 'fp16'))` makes
+float32 and float64 values cross workers as 16 bits (see
+`tf_crossdevice.compression.WirePolicy`); for 'inner/outer' only the outer
+stage compresses. The built-in factories take the `wire=` keyword; one
+registered without it is refused any policy with a codec or its own
+`same_worker`. Algorithms never see PowerSGD: a policy that has it reaches
+them without it (PowerSGD is applied around the all-reduce).
 
 >>> from tf_crossdevice.algorithms import _registry as registry
 >>> all_reduce = registry.build("pscpu/xring", shards=2)
@@ -33,6 +35,7 @@ ValueError: alg: unknown algorithm 'xrign'; expected one of hierarchical_copy, n
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, TypeAlias
 
@@ -45,7 +48,7 @@ from tf_crossdevice.algorithms import _ring as ring
 from tf_crossdevice.algorithms import _shuffle as shuffle
 from tf_crossdevice.algorithms import _spec as spec_lib
 from tf_crossdevice.algorithms import _two_level as two_level
-from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice.compression import _wire_policy as wire_policy
 
 AllReduceBuilder: TypeAlias = protocol.AllReduceBuilder
 BuilderFactory: TypeAlias = protocol.BuilderFactory
@@ -59,7 +62,7 @@ _FACTORIES: dict[str, BuilderFactory] = {
     "xring": ring.builder,
 }
 
-# Built-in factories: these take the compression= and same_worker= keywords.
+# Built-in factories: these take the wire= keyword.
 _COMPRESSING = frozenset(_FACTORIES)
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*", re.ASCII)
@@ -128,8 +131,7 @@ def build(
     shards: int = 1,
     *,
     group_devices: two_level.GroupDevices | None = None,
-    same_worker: codec.SameWorker | None = None,
-    compression: str | None = None,
+    wire: wire_policy.WirePolicy | None = None,
     argument: str = "alg",
 ) -> AllReduceBuilder:
     """The builder for algorithm `name` with `shards` shards.
@@ -139,24 +141,24 @@ def build(
         shards: parallel sub-all-reduces; for 'inner/outer', of the outer
             stage (the inner one has one shard, as in TensorFlow 1).
         group_devices: for 'inner/outer' only: devices -> positions per
-            worker (default: `same_worker`'s grouping, else by job, replica
-            and task).
-        same_worker: the "same worker?" predicate, (device, device) ->
-            bool; default by job, replica and task. Tests fake workers.
-        compression: None, 'bf16' or 'fp16': float32 and float64 values
-            crossing workers travel as 16 bits (the outer stage of
-            'inner/outer').
+            worker (default: the grouping of `wire.same_worker`, by job,
+            replica and task unless the policy has its own).
+        wire: a `tf_crossdevice.compression.WirePolicy`: with a codec,
+            float32 and float64 values crossing workers travel as 16 bits
+            (the outer stage of 'inner/outer'); its `same_worker` says
+            which links cross (tests fake workers). None: `WirePolicy()`.
         argument: the caller's name for `name`, for error messages.
 
     Raises:
         ValueError: an unknown name, `shards` less than 1, `group_devices`
-            with a single-level name, a bad `compression`, or compression
-            with a registered algorithm that does not support it.
-        TypeError: `shards` is not an int.
+            with a single-level name, or a policy with a codec or its own
+            `same_worker` for a registered algorithm that does not take one.
+        TypeError: `shards` is not an int, or `wire` is not a WirePolicy.
     """
     check_algorithm(name, argument)
     checks.positive_int(shards, "shards")
-    compression = codec.check_compression(compression)
+    # The algorithms move PowerSGD's factors like any other values.
+    wire = dataclasses.replace(wire_policy.check_wire(wire), powersgd=None)
     parts = spec_lib.split_two_level(name)
     if parts is None:
         if group_devices is not None:
@@ -164,23 +166,20 @@ def build(
                 f"group_devices: only 'inner/outer' algorithms group devices "
                 f"into workers; {name!r} has one level"
             )
-        return _make(name, shards, compression, same_worker)
+        return _make(name, shards, wire)
     inner, outer = parts
     return two_level.builder(
         _FACTORIES[inner](1),
-        _make(outer, shards, compression, same_worker),
+        _make(outer, shards, wire),
         group_devices,
-        same_worker,
+        wire=wire,
     )
 
 
 def _make(
-    name: str,
-    shards: int,
-    compression: str | None,
-    same_worker: codec.SameWorker | None,
+    name: str, shards: int, wire: wire_policy.WirePolicy
 ) -> AllReduceBuilder:
-    if compression is None and same_worker is None:
+    if wire == wire_policy.WirePolicy():
         return _FACTORIES[name](shards)
     if name not in _COMPRESSING:
         raise ValueError(
@@ -189,4 +188,4 @@ def _make(
             f"{', '.join(sorted(_COMPRESSING))}"
         )
     factory: Any = _FACTORIES[name]
-    return factory(shards, compression=compression, same_worker=same_worker)
+    return factory(shards, wire=wire)

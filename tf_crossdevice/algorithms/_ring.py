@@ -25,7 +25,7 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _exchange, _flat
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _ring_schedule as ring
-from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice.compression._wire_policy import WirePolicy
 
 
 # Plain Python loops over the schedule: nothing for AutoGraph to convert,
@@ -35,8 +35,7 @@ def ring_all_reduce(
     tensors: Sequence[tf.Tensor],
     num_shards: int = 1,
     *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    wire: WirePolicy | None = None,
 ) -> list[tf.Tensor]:
     """Sums `tensors` elementwise with `num_shards` parallel rings.
 
@@ -47,10 +46,9 @@ def ring_all_reduce(
         tensors: one dense tensor per device, same shape and dtype (one of
             `_flat.SUPPORTED_DTYPES`); a tensor's device is `t.device`.
         num_shards: number of independent rings the data is split between.
-        compression: None, 'bf16' or 'fp16': float32 and float64 values
-            crossing workers travel as 16 bits (see `compression.Wire`).
-        same_worker: the "same worker?" predicate for `compression`;
-            default by job, replica and task.
+        wire: how values cross workers: float32 and float64 values travel
+            as 16 bits with a codec (see
+            `tf_crossdevice.compression.WirePolicy`); None: as they are.
 
     Returns:
         The sum, one tensor per input: the i-th on `tensors[i].device`, with
@@ -81,9 +79,7 @@ def ring_all_reduce(
         if alone is not None:
             return alone
         n = len(tensors)
-        chunks = _exchange.Chunks(
-            tensors, num_shards * n, compression, same_worker
-        )
+        chunks = _exchange.Chunks(tensors, num_shards * n, wire=wire)
         for shard, order in enumerate(ring.ring_orders(n, num_shards)):
             offset = shard * n
             for step in ring.reduce_scatter_steps(order):
@@ -98,16 +94,11 @@ def ring_all_reduce(
 
 
 def builder(
-    shards: int = 1,
-    *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    shards: int = 1, *, wire: WirePolicy | None = None
 ) -> protocol.AllReduceBuilder:
     """The registry's factory: `ring_all_reduce` with `shards` rings."""
     return protocol.bind_shards(
-        functools.partial(
-            ring_all_reduce, compression=compression, same_worker=same_worker
-        ),
+        functools.partial(ring_all_reduce, wire=wire),
         shards,
         chunks=lambda n: n,
     )

@@ -34,7 +34,7 @@ from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice.algorithms import _flat
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _shuffle_schedule as shuffle_schedule
-from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice.compression._wire_policy import Wire, WirePolicy
 
 
 def _split(flat: tf.Tensor, num_elements: int | None, num_shards: int):
@@ -58,8 +58,7 @@ def shuffle_all_reduce(
     gather_devices: Sequence[str],
     num_shards: int = 1,
     *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    wire: WirePolicy | None = None,
 ) -> list[tf.Tensor]:
     """Sums `tensors` elementwise by gathering shards on `gather_devices`.
 
@@ -83,10 +82,9 @@ def shuffle_all_reduce(
             '/device:CPU:0' (pscpu) or the GPUs (psgpu). May include the
             devices of `tensors`.
         num_shards: how many shards each tensor is cut into, at least 1.
-        compression: None, 'bf16' or 'fp16': float32 and float64 values
-            crossing workers travel as 16 bits (see `compression.Wire`).
-        same_worker: the "same worker?" predicate for `compression`;
-            default by job, replica and task.
+        wire: how values cross workers: float32 and float64 values travel
+            as 16 bits with a codec (see
+            `tf_crossdevice.compression.WirePolicy`); None: as they are.
 
     Returns:
         The sums: element i is on `tensors[i].device` with the shape and
@@ -136,11 +134,10 @@ def shuffle_all_reduce(
                 outputs.append(tf.identity(t))
         return outputs
 
-    wire = codec.Wire(
+    transfers = Wire(
         [t.device for t in tensors] + list(gather_devices),
         tensors[0].dtype,
-        compression,
-        same_worker,
+        wire,
     )
     shards_per_device = []
     for t in tensors:
@@ -164,14 +161,18 @@ def shuffle_all_reduce(
         with tf.device(gather):
             sums.append(
                 tf.add_n(
-                    [wire.receive(s[j], gather) for s in shards_per_device]
+                    [transfers.receive(s[j], gather) for s in shards_per_device]
                 )
             )
 
     outputs = []
     for t in tensors:
         # Compressed, each sum is encoded once and decoded on every device.
-        here = [wire.copy(s, t.device) for s in sums] if wire.active else sums
+        here = (
+            [transfers.copy(s, t.device) for s in sums]
+            if transfers.active
+            else sums
+        )
         with tf.device(t.device):
             flat = here[0] if len(here) == 1 else tf.concat(here, 0)
             if num_elements is None and num_shards > 1:
@@ -202,42 +203,24 @@ def _distinct(devices) -> list[str]:
 
 
 def pscpu_builder(
-    shards: int = 1,
-    *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    shards: int = 1, *, wire: WirePolicy | None = None
 ) -> protocol.AllReduceBuilder:
     """The registry's "pscpu": gathers on the workers' host CPUs."""
 
     def pscpu(tensors: Sequence[tf.Tensor], num_shards: int):
         cpus = _distinct(worker_cpu(t.device) for t in tensors)
-        return shuffle_all_reduce(
-            tensors,
-            cpus,
-            num_shards,
-            compression=compression,
-            same_worker=same_worker,
-        )
+        return shuffle_all_reduce(tensors, cpus, num_shards, wire=wire)
 
     return protocol.bind_shards(pscpu, shards)
 
 
 def psgpu_builder(
-    shards: int = 1,
-    *,
-    compression: str | None = None,
-    same_worker: codec.SameWorker | None = None,
+    shards: int = 1, *, wire: WirePolicy | None = None
 ) -> protocol.AllReduceBuilder:
     """The registry's "psgpu": gathers on the replicas' own devices."""
 
     def psgpu(tensors: Sequence[tf.Tensor], num_shards: int):
         devices = _distinct(t.device for t in tensors)
-        return shuffle_all_reduce(
-            tensors,
-            devices,
-            num_shards,
-            compression=compression,
-            same_worker=same_worker,
-        )
+        return shuffle_all_reduce(tensors, devices, num_shards, wire=wire)
 
     return protocol.bind_shards(psgpu, shards)

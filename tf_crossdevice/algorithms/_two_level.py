@@ -35,6 +35,7 @@ import tensorflow as tf
 from tf_crossdevice._core import checks, workers
 from tf_crossdevice.algorithms import _flat
 from tf_crossdevice.algorithms import _protocol as protocol
+from tf_crossdevice.compression import _wire_policy as wire_policy
 
 GroupDevices: TypeAlias = Callable[[Sequence[str]], Sequence[Sequence[int]]]
 
@@ -193,7 +194,7 @@ def two_level_all_reduce(
     return outputs
 
 
-def group_by(same_worker: Callable[[str, str], bool]) -> GroupDevices:
+def group_by(same_worker: wire_policy.SameWorker) -> GroupDevices:
     """A `GroupDevices` from a "same worker?" predicate.
 
     >>> group_by(lambda a, b: a[-1] == b[-1])(["x0", "y1", "z0"])
@@ -218,25 +219,29 @@ def builder(
     inner: protocol.AllReduceBuilder,
     outer: protocol.AllReduceBuilder,
     group_devices: GroupDevices | None = None,
-    same_worker: Callable[[str, str], bool] | None = None,
+    *,
+    wire: wire_policy.WirePolicy | None = None,
 ) -> protocol.AllReduceBuilder:
     """The two-level builder the registry makes for 'inner/outer' names.
 
     Args:
         inner: the builder within each worker.
         outer: the builder across one representative per worker (the one
-            that compresses, when the registry builds it with compression).
+            that compresses, when the registry builds it with a codec).
         group_devices: the tensors' devices -> positions per worker; default
-            `group_by(same_worker)` if `same_worker` is given, else
-            `workers.group_by_worker` (by job, replica and task). Tests pass
-            fake workers made of local devices.
-        same_worker: the "same worker?" predicate (see `group_devices`).
+            `group_by(wire.same_worker)` if the policy has its own
+            `same_worker`, else `workers.group_by_worker` (by job, replica
+            and task). Tests pass fake workers made of local devices.
+        wire: the `tf_crossdevice.compression.WirePolicy` whose links say
+            which devices share a worker (see `group_devices`); only its
+            `same_worker` is read here.
     """
+    links = wire_policy.check_wire(wire).same_worker
     grouping: GroupDevices
     if group_devices is not None:
         grouping = group_devices
-    elif same_worker is not None:
-        grouping = group_by(same_worker)
+    elif links is not wire_policy.default_same_worker:
+        grouping = group_by(links)
     else:
         grouping = workers.group_by_worker
 

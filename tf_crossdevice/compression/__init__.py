@@ -1,5 +1,7 @@
 """Gradient compression: the 16-bit wire codec, its error bound and when it
-pays, and PowerSGD's low-rank compression with error feedback.
+pays, PowerSGD's low-rank compression with error feedback, and the
+`WirePolicy` that picks one of them (or neither) for a reduction and says
+which links cross workers.
 
 May import: `_core`.
 """
@@ -11,10 +13,12 @@ from tf_crossdevice.compression._codec import (
     sum_tolerance,
 )
 from tf_crossdevice.compression._powersgd import PowerSGD
+from tf_crossdevice.compression._wire_policy import WirePolicy
 
 __all__ = [
     "COMPRESSIONS",
     "PowerSGD",
+    "WirePolicy",
     "compresses",
     "gather_compression_pays",
     "sum_tolerance",

@@ -1,10 +1,11 @@
-"""16-bit wire compression: the codec and the per-reduction `Wire`.
+"""16-bit wire compression: the codec, its error bound and when it pays.
 
 A float32 or float64 value that crosses a worker boundary can travel as 16
 bits: the sender `encode`s it on its own device, the receiver `decode`s it
 back to the original dtype on its device, and every sum is then taken in
 the original dtype. Other dtypes (ints, float16, bfloat16) pass through
-unchanged, so their sums stay exact.
+unchanged, so their sums stay exact. Which transfers cross workers is a
+`WirePolicy`'s decision; `_wire_policy.Wire` applies the codec to them.
 
 Codecs (`COMPRESSIONS`):
 
@@ -44,18 +45,13 @@ False
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice._core import devices as devices_lib
-
 COMPRESSIONS = ("bf16", "fp16")
 """The codecs; None (no compression) is allowed wherever these are."""
-
-SameWorker: TypeAlias = Callable[[str, str], bool]
-"""(device, device) -> whether both belong to one worker process."""
 
 _WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
 _COMPRESSIBLE = (tf.float32, tf.float64)
@@ -241,107 +237,6 @@ def _check_dtype(dtype: tf.DType, compression: str) -> tf.DType:
             "float64 (other dtypes pass through unchanged)"
         )
     return dtype
-
-
-def default_same_worker(a: str, b: str) -> bool:
-    """Whether devices `a` and `b` have the same job, replica and task.
-
-    >>> default_same_worker("/job:worker/task:0/device:CPU:0",
-    ...                     "/job:worker/replica:0/task:0/device:CPU:1")
-    True
-    >>> default_same_worker("/job:w/task:0/cpu:0", "/job:w/task:1/cpu:0")
-    False
-    """
-    return (
-        devices_lib.parse_device(a).worker == devices_lib.parse_device(b).worker
-    )
-
-
-class Wire:
-    """Moves the values of one reduction between devices, compressing
-    exactly the transfers that cross workers.
-
-    Builders route each cross-device read through it:
-
-    - `receive(t, dst)`: a summand for `dst`. Crossing workers (and of a
-      compressed dtype), it is encoded on `t.device` and decoded on `dst`;
-      otherwise `t` itself comes back and the caller's op on `dst` reads it.
-    - `copy(t, dst)`: a finished sum for `dst`, a new tensor there. When the
-      reduction crosses workers at all (`active`), every finished sum is
-      rounded to 16 bits once, where it is complete, and every copy of it,
-      on any device, decodes those same 16 bits: all replicas get identical
-      results. Otherwise a plain `tf.identity` on `dst`.
-    - `settle(t)`: the finished sum as its own device keeps it (the rounded
-      value when `active`).
-
-    Args:
-        devices: every device taking part (tensors' and gather devices).
-        dtype: the values' dtype.
-        compression: None, 'bf16' or 'fp16'.
-        same_worker: the "same worker?" predicate; default by job, replica
-            and task. Tests pass fake workers made of local devices.
-    """
-
-    def __init__(
-        self,
-        devices: Sequence[str],
-        dtype: tf.DType,
-        compression: str | None,
-        same_worker: SameWorker | None = None,
-    ):
-        self._compression = check_compression(compression)
-        self._dtype = tf.as_dtype(dtype)
-        self._same = same_worker or default_same_worker
-        distinct = list(dict.fromkeys(devices))
-        self.active = compresses(self._dtype, compression) and any(
-            not self._same(distinct[0], d) for d in distinct[1:]
-        )
-        # The 16-bit parts of each tensor encoded (on its device) or decoded
-        # (on the receiver), so that a value is encoded once however many
-        # devices it goes to and a rounded value is forwarded, not re-encoded.
-        self._parts: dict[Any, list[tf.Tensor]] = {}
-        self._rounded: set[Any] = set()
-
-    def crosses(self, src: str, dst: str) -> bool:
-        """Whether a transfer from `src` to `dst` is compressed."""
-        return self.active and not self._same(src, dst)
-
-    def _encoded(self, tensor: tf.Tensor) -> list[tf.Tensor]:
-        key = tensor.ref()
-        if key not in self._parts:
-            assert self._compression is not None
-            with tf.device(tensor.device):
-                self._parts[key] = encode(tensor, self._compression)
-        return self._parts[key]
-
-    def _decoded(self, parts: list[tf.Tensor], device: str) -> tf.Tensor:
-        assert self._compression is not None
-        with tf.device(device):
-            if parts[0].device != device:  # The receiver's own copy.
-                parts = [tf.identity(p) for p in parts]
-            value = decode(parts, self._dtype, self._compression)
-        self._parts[value.ref()] = parts
-        self._rounded.add(value.ref())
-        return value
-
-    def receive(self, tensor: tf.Tensor, device: str) -> tf.Tensor:
-        """`tensor` as a summand on `device` (see the class docstring)."""
-        if not self.crosses(tensor.device, device):
-            return tensor
-        return self._decoded(self._encoded(tensor), device)
-
-    def copy(self, tensor: tf.Tensor, device: str) -> tf.Tensor:
-        """A finished sum copied onto `device` (see the class docstring)."""
-        if not self.active:
-            with tf.device(device):
-                return tf.identity(tensor)
-        return self._decoded(self._encoded(tensor), device)
-
-    def settle(self, tensor: tf.Tensor) -> tf.Tensor:
-        """The finished sum where it is (rounded when `active`)."""
-        if not self.active or tensor.ref() in self._rounded:
-            return tensor
-        return self._decoded(self._encoded(tensor), tensor.device)
 
 
 def gather_compression_pays(group_size: int) -> bool:

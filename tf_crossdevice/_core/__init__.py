@@ -1,6 +1,14 @@
-"""The package's foundations: argument checks, device strings, TF privates.
+"""The package's foundations: checks, devices, values, the reducer protocol.
 
-Nothing here is public. Every other folder may import from `_core`; `_core`
-imports nothing of the package outside itself, and only `tf_internal` and
-`requirements` import TensorFlow.
+`checks` holds the argument checks, `devices` device strings, `values` the
+value model (what a reduction takes and gives back: `Item`, destinations,
+MEAN, grouping of results), `reducer` the protocol each family of
+algorithms implements, `tf_internal` TensorFlow's privates (isolated,
+with the version they were checked against), `requirements` the
+TensorFlow this package needs, `workers` groups devices by worker and
+`network` asks whether a worker's port answers.
+
+Nothing here is public. Every other folder may import from `_core`.
+
+May import: nothing of the package outside itself.
 """

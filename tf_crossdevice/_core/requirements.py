@@ -44,6 +44,8 @@ def require_tensorflow() -> None:
     `tf.__version__` otherwise.
     """
     try:
+        # Deferred: without TensorFlow, the import error must become the
+        # message that says what to install.
         import tensorflow as tf
     except ImportError as error:
         if isinstance(error, ModuleNotFoundError) and error.name in (

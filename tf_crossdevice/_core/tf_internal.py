@@ -7,8 +7,24 @@ NCCL op wrapper; everything else in tf_crossdevice uses the public API.
 
 from __future__ import annotations
 
-from tensorflow.python.distribute import collective_util, device_util
+import copy
+
+import tensorflow as tf
+from tensorflow.core.protobuf import tensorflow_server_pb2
+from tensorflow.python.client import device_lib
+from tensorflow.python.distribute import (
+    collective_all_reduce_strategy,
+    collective_util,
+    cross_device_utils,
+    device_util,
+    distribute_lib,
+)
+from tensorflow.python.distribute import multi_worker_util as _multi_worker_util
 from tensorflow.python.distribute import values as _values
+from tensorflow.python.eager import context as _context
+from tensorflow.python.framework import ops as _framework_ops
+from tensorflow.python.ops import collective_ops as _collective_ops
+from tensorflow.python.ops import resource_variable_ops
 
 PerReplica = _values.PerReplica
 Mirrored = _values.Mirrored
@@ -33,15 +49,15 @@ def resolve_device(device: str) -> str:
 
 def nccl_all_sum(tensors):
     """TensorFlow's NCCL all-reduce (sum) over tensors on distinct GPUs."""
-    from tensorflow.python.ops import nccl_ops  # Loads the NCCL kernels.
+    # Deferred: importing nccl_ops registers the NCCL kernels, which only a
+    # GPU job that asks for NCCL needs.
+    from tensorflow.python.ops import nccl_ops
 
     return nccl_ops.all_sum(tensors)
 
 
 def local_gpu_links() -> dict[str, list[int]]:
     """Each local GPU's canonical name -> the TF GPU ids it has links to."""
-    from tensorflow.python.client import device_lib
-
     links = {}
     for device in device_lib.list_local_devices():
         if device.device_type == "GPU":
@@ -59,24 +75,16 @@ def local_gpu_links() -> dict[str, list[int]]:
 
 def collective_ops():
     """TensorFlow's v2 collective ops (all_reduce_v2, all_gather_v2, ...)."""
-    from tensorflow.python.ops import collective_ops as ops
-
-    return ops
+    return _collective_ops
 
 
 def eager_context():
     """The process's eager context (collective configuration, peer health)."""
-    from tensorflow.python.eager import context
-
-    return context.context()
+    return _context.context()
 
 
 def server_def(cluster_spec, job_name, task_index, protocol, port):
     """A ServerDef carrying the context's current session config."""
-    import copy
-
-    from tensorflow.core.protobuf import tensorflow_server_pb2
-
     return tensorflow_server_pb2.ServerDef(
         cluster=cluster_spec.as_cluster_def(),
         default_session_config=copy.deepcopy(eager_context().config),
@@ -89,32 +97,23 @@ def server_def(cluster_spec, job_name, task_index, protocol, port):
 
 def multi_worker_util():
     """Cluster-spec helpers: worker_count, collective_leader, normalize."""
-    from tensorflow.python.distribute import multi_worker_util as util
-
-    return util
+    return _multi_worker_util
 
 
 def collective_keys(group_key_start=1):
     """TensorFlow's CollectiveKeys: group keys and per-device instance keys."""
-    from tensorflow.python.distribute import cross_device_utils
-
     return cross_device_utils.CollectiveKeys(group_key_start=group_key_start)
 
 
 def is_collective_keys(value) -> bool:
-    from tensorflow.python.distribute import cross_device_utils
-
     return isinstance(value, cross_device_utils.CollectiveKeys)
 
 
 def function_graph_being_built():
     """The enclosing tf.function's graph while tracing one, else None."""
-    import tensorflow as tf
-    from tensorflow.python.framework import ops
-
     if tf.executing_eagerly():
         return None
-    graph = ops.get_default_graph()
+    graph = _framework_ops.get_default_graph()
     while getattr(graph, "is_control_flow_graph", False):
         graph = graph.outer_graph
     return graph if getattr(graph, "building_function", False) else None
@@ -122,8 +121,6 @@ def function_graph_being_built():
 
 def new_resource_variable(initial_value, trainable=True, name=None):
     """A resource variable that no variable creator scope intercepts."""
-    from tensorflow.python.ops import resource_variable_ops
-
     return resource_variable_ops.ResourceVariable(
         initial_value, trainable=trainable, name=name
     )
@@ -131,11 +128,6 @@ def new_resource_variable(initial_value, trainable=True, name=None):
 
 def multi_worker_strategy_parts():
     """(tf.distribute.Strategy's base, MWMS's extended class)."""
-    from tensorflow.python.distribute import (
-        collective_all_reduce_strategy,
-        distribute_lib,
-    )
-
     return (
         distribute_lib.Strategy,
         collective_all_reduce_strategy.CollectiveAllReduceExtended,

@@ -47,8 +47,12 @@ setuptools.setup(
         "tensorflow": ["tensorflow~=2.21.0"],
         # pytest-xdist runs the suite on both cores of a small machine.
         # matplotlib draws the benchmark's time-vs-size plot; tqdm is its
-        # progress bar (a full run takes a long time).
-        "benchmark": ["matplotlib>=3.8", "tqdm>=4.66"],
+        # progress bar (a full run takes a long time); SciPy fits the cost
+        # model to its records (benchmarks/cost_fit.py).
+        "benchmark": ["matplotlib>=3.8", "tqdm>=4.66", "scipy>=1.11"],
+        # cost_model.fit solves for the constants with SciPy's
+        # non-negative least squares; nothing else in the package needs it.
+        "fit": ["scipy>=1.11"],
         # python -m tf_crossdevice.compat.upgrade rewrites code with libcst,
         # which keeps comments and formatting (ast would drop them).
         "upgrade": ["libcst>=1.1"],
@@ -58,6 +62,8 @@ setuptools.setup(
             "hypothesis>=6.100",
             "matplotlib>=3.8",
             "tqdm>=4.66",
+            # The cost model's fit (the `fit` extra).
+            "scipy>=1.11",
             # tests/compat/compat_upgrade_test.py runs the migration command.
             "libcst>=1.1",
         ],

@@ -1,6 +1,6 @@
 """Fits `tf_crossdevice.cost_model` to the benchmark records and reports.
 
-    python -m benchmarks.cost_fit docs/benchmark/*.json \\
+    python -m benchmarks.cost_fit benchmarks/records/*.json \\
         --output docs/benchmark/cost_model.md
 
 Every verified candidate of every group becomes a measurement: its config
@@ -26,6 +26,8 @@ import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from benchmarks import candidates as candidates_lib
 from benchmarks import records
@@ -716,16 +718,6 @@ WIRE_TERMS = ("beta_net", "beta_incast")
 CORE_TERMS = ("alpha_mem", "beta_mem", "gamma", "delta")
 
 
-def _nnls_relative(a: Any, seconds: Any) -> Any:
-    """`cost_model.fit`'s least squares: relative errors, scaled columns."""
-    import numpy as np
-
-    a = a / seconds[:, None]
-    scale = np.linalg.norm(a, axis=0)
-    scale[scale == 0] = 1.0
-    return cost_model.nnls(a / scale, np.ones(len(seconds))) / scale
-
-
 def fit_larger_of(
     rows: Sequence[Row], link_rate: float, summed: cost_model.Constants
 ) -> list[float]:
@@ -740,8 +732,6 @@ def fit_larger_of(
     cores', the best kept. Returns each row's predicted seconds, in
     order.
     """
-    import numpy as np
-
     x = np.array(
         [cost_model.measured_counts(r.measurement, link_rate) for r in rows]
     )
@@ -771,7 +761,9 @@ def fit_larger_of(
             a = x.copy()
             a[np.ix_(side, cores)] = 0.0
             a[np.ix_(~side, wire)] = 0.0
-            c = _nnls_relative(a, seconds)
+            c = np.array(
+                dataclasses.astuple(cost_model.Constants.fitted(a, seconds))
+            )
             moved = bound_by_wire(c)
             if (moved == side).all():
                 break

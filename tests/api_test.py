@@ -169,7 +169,6 @@ PUBLIC_API = {
         "features",
         "fit",
         "measured_counts",
-        "nnls",
         "ordering_constants",
         "predict",
         "recommend",

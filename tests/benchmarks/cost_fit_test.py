@@ -69,7 +69,7 @@ def test_fitted_by_leaves_the_rows_given_alone():
 
 
 def test_rows_read_from_a_record_carry_its_name():
-    path = REPO / "docs" / "benchmark" / "small8.json"
+    path = REPO / "benchmarks" / "records" / "small8.json"
     rows = cost_fit.read_rows([path])
     assert rows and {row.record for row in rows} == {"small8"}
     assert all(row.group.startswith("small8: ") for row in rows)
@@ -248,8 +248,8 @@ def test_rounds_within_counts_candidates_whose_rounds_stay_near_their_median():
 # --- emulated hosts: the shipped records ----------------------------------
 
 HOST_RECORDS = [
-    REPO / "docs/benchmark/hosts_1gbit.json",
-    REPO / "docs/benchmark/hosts_collectives_1gbit.json",
+    REPO / "benchmarks/records/hosts_1gbit.json",
+    REPO / "benchmarks/records/hosts_collectives_1gbit.json",
 ]
 SHAPED_RATE = 1e9  # the records' links: tc tbf ... rate 1gbit
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tf_crossdevice.tuning import cost_model
+from tf_crossdevice.tuning._traffic import Traffic
 
 S = 1_200_000  # bytes: 300,000 float32 elements, divisible by 2, 3, 4, 8
 ONE_TENSOR = [((S // 4,), "float32")]
@@ -342,7 +343,7 @@ def test_cores_per_worker_divides_only_the_per_core_terms():
         step=0.0,
         beta_serial=4.0,
     )
-    t = cost_model.Traffic(net_messages=3, ops=5, serial_bytes=7)
+    t = Traffic(net_messages=3, ops=5, serial_bytes=7)
     assert c.seconds(t) == 3 + 10 + 28
     assert c.seconds(t, cores_per_worker=0.5) == 3 + 20 + 56
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import pathlib
 import re
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,6 +39,10 @@ from tf_crossdevice.tuning import cost_model
 
 # Within 25% of the measured time: close enough to rank the candidates.
 TOLERANCE = 0.25
+# The pages' prose: templates/<page>.md, in blocks that `_block` fills in.
+TEMPLATES = pathlib.Path(__file__).parent / "templates"
+LOOPBACK_PAGE = "cost_model"
+HOSTS_PAGE = "cost_model_hosts"
 
 
 def workload_named(name: str) -> workloads_lib.Workload:
@@ -376,6 +381,32 @@ def repeats(rows: Sequence[Row]) -> list[tuple[str, str, str, float]]:
     return out
 
 
+@functools.cache
+def _template_blocks(page: str) -> dict[str, str]:
+    """The blocks of `templates/{page}.md`: each runs from a line
+    `<!-- name -->` to the next such line (the text before the first is
+    the template's own comment)."""
+    text = (TEMPLATES / f"{page}.md").read_text(encoding="utf-8")
+    parts = re.split(r"^<!-- (\w+) -->\n", text, flags=re.MULTILINE)
+    return {
+        name: body.strip("\n")
+        for name, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
+
+
+def _block(
+    page: str, name: str, rows: Iterable[str] = (), **values: Any
+) -> str:
+    """Block `name` of `page`'s template filled in with `values`, then
+    `rows`, one per line: the rows of the table the block ends with."""
+    return "\n".join([_template_blocks(page)[name].format(**values), *rows])
+
+
+def _page(blocks: Iterable[str]) -> str:
+    """A page of `blocks`, with a blank line between each two."""
+    return "\n\n".join(blocks) + "\n"
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g}"
 
@@ -393,158 +424,103 @@ def report(
     command: str,
     scopes: Sequence[tuple[str, tuple[int, int, int, int]]] = (),
 ) -> str:
-    lines = [
-        "# Cost model: fitted constants and predicted vs measured times",
-        "",
-        f"Written by `{command}`",
-        "(`tf_crossdevice.cost_model`, counts in",
-        "`tf_crossdevice/tuning/_traffic.py`). Measured: each",
-        "candidate's net median step time in the benchmark records",
-        "(confirmation rounds where it was re-timed).",
-        "",
-        "## The model, and what it leaves out",
-        "",
-        "Per worker process: alpha per message and beta per byte on each",
-        "link (memory: logical devices of one process; network: between",
-        "workers), gamma per byte summed or copied (packing's and",
-        "flattening's concatenations and pads), delta per graph op, a launch",
-        "cost per collective across workers and a fixed cost per step.",
-        "Counts follow the builders (Thakur-Rabenseifner-Gropp: ring",
-        "`2(p-1)` messages, halving-doubling `2 log2 p` plus one fold",
-        "message each way when p is not a power of two, shuffle a gather",
-        "and a broadcast on the shard owners, two-level = inner + outer +",
-        "copies back; packing sets how many all-reduces run and how big).",
-        "A worker's devices share its CPU thread pool, so their costs add;",
-        "workers run in parallel, so a step costs the busiest worker's",
-        "time. Not modelled: link contention (the model makes recursive",
-        "halving-doubling never slower than a ring at a power of two),",
-        "overlap of independent packs, and core counts. Compression",
-        "(bf16/fp16) halves the wire bytes and prices each cast like a",
-        "sum; a compressed collective is one all-gather of the 16-bit",
-        "messages (groups of 2-3 only).",
-        "",
-        "## Constants (non-negative least squares on relative errors)",
-        "",
-        "| constant | value | meaning |",
-        "| --- | --- | --- |",
+    """The loopback page (prose in `templates/cost_model.md`): the fitted
+    constants, each group's errors fitted with and without it, the errors
+    of narrower fits (`scopes`), the records' own noise, every candidate
+    and the `recommended` configurations."""
+    blocks = [
+        _block(
+            LOOPBACK_PAGE,
+            "head",
+            command=command,
+            **dataclasses.asdict(constants),
+        ),
+        _per_group(rows, held_out),
     ]
-    meanings = {
-        "alpha_net": "s per message between worker processes",
-        "beta_net": "s per byte between worker processes",
-        "alpha_mem": "s per message between devices of one process",
-        "beta_mem": "s per byte between devices of one process",
-        "gamma": "s per byte summed, cast or copied (concat, pad)",
-        "delta": "s per graph op",
-        "alpha_collective": "s per collective all-reduce launched",
-        "step": "s per all-reduce step, whatever it does",
-    }
-    for name in cost_model.LOOPBACK_FIELDS:
-        value = getattr(constants, name)
-        lines.append(f"| {name} | {value:.4g} | {meanings[name]} |")
+    if scopes:
+        blocks.append(_scopes(rows, scopes))
+    blocks += _noise(LOOPBACK_PAGE, rows)
+    every = (
+        f"| {row.group} | {row.candidate} | {row.measurement.config[0]} | "
+        f"{_ms(row.measurement.seconds)} | {_ms(row.predicted)} | "
+        f"{row.ratio:.2f} | {'yes' if _within(row) else 'no'} |"
+        for row in rows
+    )
+    blocks.append(_block(LOOPBACK_PAGE, "every", every))
+    recommended_rows = (
+        f"| {workload} | {workers} | {k} | {_config_text(config)} | "
+        f"{_ms(seconds)} |"
+        for workload, workers, k, config, seconds in recommended
+    )
+    blocks.append(_block(LOOPBACK_PAGE, "recommended", recommended_rows))
+    return _page(blocks)
+
+
+def _per_group(rows: Sequence[Row], held_out: dict[str, list[float]]) -> str:
+    """Per group: how many candidates are within TOLERANCE, the median
+    and worst errors, and the same held out (`leave_one_group_out`)."""
     groups = _groups(rows)
     met = [name for name, rs in groups.items() if all(_within(r) for r in rs)]
-    lines += [
-        "",
-        "## Per group",
-        "",
-        f"A group meets the target when every candidate's prediction is "
-        f"within {TOLERANCE:.0%} of its measured time. "
-        f"**{len(met)} of {len(groups)} groups meet it**; "
-        f"{sum(map(_within, rows))} of {len(rows)} candidates are within "
-        f"{TOLERANCE:.0%}. Leave-one-group-out: fitted on the other groups.",
-        "",
-        "| group | candidates | within 25% | median abs error | worst ratio "
-        "| held out: within 25% | held out: median abs error |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    table = []
     for name, rs in groups.items():
         errors = [abs(r.ratio - 1) for r in rs]
-        worst = max(rs, key=lambda r: abs(r.ratio - 1)).ratio
         out = held_out.get(name, [])
         out_within = sum(abs(x - 1) <= TOLERANCE for x in out)
         out_error = statistics.median(abs(x - 1) for x in out) if out else 0
-        lines.append(
+        table.append(
             f"| {name} | {len(rs)} | {sum(map(_within, rs))} | "
-            f"{statistics.median(errors):.0%} | {worst:.2f} | "
+            f"{statistics.median(errors):.0%} | {_worst(rs).ratio:.2f} | "
             f"{out_within} | {out_error:.0%} |"
         )
-    if scopes:
-        sizes = [len(rs) for rs in groups.values()]
-        lines += [
-            "",
-            "## Where the error comes from",
-            "",
-            "The same model with its constants fitted to fewer rows at a",
-            "time. Fitted to each record alone, the constants absorb the",
-            "machine's state during that benchmark run; fitted to each group",
-            f"alone ({len(cost_model.LOOPBACK_FIELDS)} constants for "
-            f"{min(sizes)} to {max(sizes)} candidates), what still misses",
-            "is what the model's form cannot express: overlap of packs and",
-            "transfers, core contention, TF's built-ins' own internals, and",
-            "candidates whose samples spread wider than the tolerance.",
-            "",
-            f"| constants fitted to | groups: every candidate within "
-            f"{TOLERANCE:.0%} | groups: median error within {TOLERANCE:.0%} "
-            f"| candidates within {TOLERANCE:.0%} |",
-            "| --- | --- | --- | --- |",
-        ]
-        for title, (every, median, within, total) in scopes:
-            lines.append(
-                f"| {title} | {every} of {total} | {median} of {total} | "
-                f"{within} of {len(rows)} |"
-            )
+    return _block(
+        LOOPBACK_PAGE,
+        "per_group",
+        table,
+        tolerance=TOLERANCE,
+        met=len(met),
+        groups=len(groups),
+        within=sum(map(_within, rows)),
+        candidates=len(rows),
+    )
+
+
+def _scopes(
+    rows: Sequence[Row], scopes: Sequence[tuple[str, tuple[int, int, int, int]]]
+) -> str:
+    """The errors of the constants fitted to fewer rows at a time."""
+    sizes = [len(rs) for rs in _groups(rows).values()]
+    table = (
+        f"| {title} | {every} of {total} | {median} of {total} | "
+        f"{within} of {len(rows)} |"
+        for title, (every, median, within, total) in scopes
+    )
+    return _block(
+        LOOPBACK_PAGE,
+        "scopes",
+        table,
+        fields=len(cost_model.LOOPBACK_FIELDS),
+        fewest=min(sizes),
+        most=max(sizes),
+        tolerance=TOLERANCE,
+    )
+
+
+def _noise(page: str, rows: Sequence[Row]) -> list[str]:
+    """`page`'s prose on the records' own noise and the table of the
+    candidates `rows` measured twice (`repeats`); none if there are none."""
     pairs = repeats(rows)
-    if pairs:
-        spreads = [max(r, 1 / r) - 1 for *_, r in pairs]
-        lines += [
-            "",
-            "## The records' own noise",
-            "",
-            f"{len(pairs)} candidates were measured twice on the same "
-            "configuration, in different groups: the same workload, devices "
-            "and workers in two records (a repeated run), or TF's MWMS "
-            "timed at x1 and x2 local devices (it keeps one replica per "
-            "worker, so both time the same thing). Two measurements of one "
-            "thing differ by "
-            f"{statistics.median(spreads):.0%} (median) and up to "
-            f"{max(spreads):.0%}: a floor under any model's error, and a "
-            f"large part of the {TOLERANCE:.0%} budget.",
-            "",
-            *_repeats_table(pairs),
-        ]
-    lines += [
-        "",
-        "## Every candidate",
-        "",
-        "| group | candidate | config | measured ms | predicted ms | "
-        "ratio | within 25% |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in rows:
-        m = row.measurement
-        lines.append(
-            f"| {row.group} | {row.candidate} | {m.config[0]} | "
-            f"{_ms(m.seconds)} | {_ms(row.predicted)} | {row.ratio:.2f} | "
-            f"{'yes' if _within(row) else 'no'} |"
-        )
-    lines += [
-        "",
-        "## Recommended configurations for large clusters",
-        "",
-        "`cost_model.recommend` with these constants (no compression: it",
-        "changes the numbers, so a user opts in). Extrapolated far beyond",
-        "the measured 2-3 loopback workers: read them as what the fitted",
-        "alpha, beta, gamma and delta imply, not as measurements.",
-        "",
-        "| workload | workers | devices per worker | config | predicted ms |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for workload, workers, k, config, seconds in recommended:
-        lines.append(
-            f"| {workload} | {workers} | {k} | {_config_text(config)} | "
-            f"{_ms(seconds)} |"
-        )
-    return "\n".join(lines) + "\n"
+    if not pairs:
+        return []
+    spreads = [max(r, 1 / r) - 1 for *_, r in pairs]
+    prose = _block(
+        page,
+        "noise",
+        pairs=len(pairs),
+        median=statistics.median(spreads),
+        most=max(spreads),
+        tolerance=TOLERANCE,
+    )
+    return [prose, "\n".join(_repeats_table(pairs))]
 
 
 # --- hosts on links of known rate ----------------------------------------
@@ -900,6 +876,14 @@ def _host_label(row: Row) -> str:
     return f"{m.num_workers} x {m.devices_per_worker}"
 
 
+def _timed_row(row: Row) -> str:
+    """A table row: group, candidate, measured and predicted ms, ratio."""
+    return (
+        f"| {row.group} | {row.candidate} | {_ms(row.measurement.seconds)} | "
+        f"{_ms(row.predicted)} | {row.ratio:.2f} |"
+    )
+
+
 def hosts_report(
     rows: Sequence[Row],
     constants: cost_model.Constants,
@@ -914,127 +898,104 @@ def hosts_report(
     recommended: Sequence[HostRecommendation],
     command: str,
 ) -> str:
-    """The page on emulated hosts: bytes, link rate, held-out host counts
-    and rates, ordering. `rows` are the fitted rate's; `held_out_rates`
-    hold the others'; `together`, `one_fit_for_every_rate`."""
+    """The page on emulated hosts (prose in
+    `templates/cost_model_hosts.md`): bytes, link rate, held-out host
+    counts and rates, ordering. `rows` are the fitted rate's;
+    `held_out_rates` hold the others'; `together`,
+    `one_fit_for_every_rate`."""
     link = f"{rate / 1e9:g} Gbit/s"
-    payload_rate = recovered_rate(constants, 1.0)
-    counted_rate = recovered_rate(constants, overhead)
-    framed_rate = recovered_rate(constants, overhead * FRAME_OVERHEAD)
-    lines = [
-        "# Cost model on emulated hosts: link rate and held-out predictions",
-        "",
-        f"Written by `{command}`",
-        "(`tf_crossdevice.cost_model`, counts in",
-        "`tf_crossdevice/tuning/_traffic.py`). Measured: each candidate's",
-        "net median step time in the benchmark's records on emulated hosts",
-        "(one network namespace per host, its link shaped with `tc tbf` both",
-        "ways, one worker per host, each host an equal share of the",
-        "machine's cores), confirmation rounds where it was re-timed. The",
-        "loopback records are fitted apart (`cost_model.md`): there the",
-        "cores bound every transfer.",
-        "",
-        "## The model on links of known rate",
-        "",
-        "The wire is each host's bottleneck, so a step takes the bytes the",
-        "busiest host's link carries each way over the link's rate",
-        "(`beta_net` per byte), counting again the bytes of one pack that",
-        "it carries one way while the other way idles",
-        "(`Traffic.one_way_bytes`: a reduction's root, a shuffle's owner",
-        "that receives more of its shards than it sends of the others',",
-        "and halving-doubling's fold-in partner receive before they send;",
-        "other packs' transfers fill the idle direction, so the pack with",
-        "the most counts), plus what the wire cannot hide:",
-        "",
-        "- `beta_incast` per byte a host receives from several senders at",
-        "  once beyond one sender's share (a reduction to one device's root,",
-        "  a shuffle's shard owners from 3 hosts on): flows converging on one",
-        "  shaped link lose throughput to each other.",
-        "- `beta_serial` per byte of the step's largest pack: a pack's own",
-        "  transfer cannot hide its reduction, casts and copies (other packs'",
-        "  transfers can), so one large pack (TF's MWMS default, an in-graph",
-        "  ring of one pack) pays its processing on top of the wire. A",
-        "  compressed collective's pack counts the group's messages every",
-        "  member decodes and sums once the all-gather is done (n x the",
-        "  pack). It is a per-core term: half a core takes twice as long.",
-        "- per message, per collective launched, per byte summed or copied,",
-        "  per graph op and per step, as on loopback; the per-core ones",
-        "  (gamma, delta, alpha_mem, beta_mem, beta_serial) divided by the",
-        "  host's cores (machine cores / hosts: the CPU quota).",
-        "",
-        "## Bytes on the busiest host's link",
-        "",
-        "`Traffic.net_bytes` is what the busiest worker sends, which in",
-        "every schedule equals what it receives: the bytes its link carries",
-        "each way. Against what the interfaces counted (the most any host",
-        "sent or received per call):",
-        "",
-        "| group | candidate | model MiB | measured MiB | measured / model |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    ratios = []
+    ordering_rows = (
+        f"| {title} | {group} | {count} | {rho:.2f} | {pick} | {fraction:.2f} |"
+        for title, table in orderings
+        for group, count, rho, pick, fraction in table
+    )
+    return _page(
+        [
+            *_link_rate_blocks(
+                rows, held_out_rates, constants, rate, overhead, command
+            ),
+            *_held_out_hosts_blocks(rows, held_out, rate, overhead, link),
+            *_held_out_rate_blocks(held_out_rates, together, link),
+            *_noise(HOSTS_PAGE, rows),
+            _block(HOSTS_PAGE, "ordering", ordering_rows),
+            _block(HOSTS_PAGE, "every", map(_timed_row, rows)),
+            _host_recommendations_block(constants, recommended, link),
+        ]
+    )
+
+
+def _link_rate_blocks(
+    rows: Sequence[Row],
+    held_out_rates: Sequence[tuple[float, list[Row]]],
+    constants: cost_model.Constants,
+    rate: float,
+    overhead: float,
+    command: str,
+) -> list[str]:
+    """The page's head, the model's bytes on the busiest host's link
+    against the interfaces' counts, and the link rate the fit recovers."""
+    table, ratios = [], []
     for row in [*rows, *(r for _, test in held_out_rates for r in test)]:
         modelled = model_bytes(row)
         if not row.wire_bytes or modelled <= 0:
             continue
         ratios.append(row.wire_bytes / modelled)
-        lines.append(
+        table.append(
             f"| {row.group} | {row.candidate} | {_mib(modelled)} | "
             f"{_mib(row.wire_bytes)} | {ratios[-1]:.3f} |"
         )
-    lines += [
-        "",
-        f"Measured / model: {min(ratios):.3f} to {max(ratios):.3f}, median "
-        f"{overhead:.4f} (headers and gRPC framing: the counters see a",
-        "GSO packet's headers once).",
-        "",
-        "## Recovered link rate",
-        "",
-        f"Every constant fitted to every candidate of every group at {link}",
-        "(non-negative least squares on relative errors):",
-        "",
-        "| constant | value |",
-        "| --- | --- |",
-    ]
-    for name in cost_model.FIELDS:
-        lines.append(f"| {name} | {getattr(constants, name):.4g} |")
+    payload_rate = recovered_rate(constants, 1.0)
+    counted_rate = recovered_rate(constants, overhead)
+    framed_rate = recovered_rate(constants, overhead * FRAME_OVERHEAD)
     ok = abs(framed_rate / rate - 1) <= RATE_TOLERANCE
-    lines += [
-        "",
-        f"The links were shaped to {link}.",
-        "",
-        "| rate from beta_net, counting | Gbit/s | / shaped rate |",
-        "| --- | --- | --- |",
-        f"| payload bytes (the model's) | {payload_rate / 1e9:.3f} | "
-        f"{payload_rate / rate:.3f} |",
-        f"| bytes the interfaces counted (x {overhead:.4f}) | "
-        f"{counted_rate / 1e9:.3f} | {counted_rate / rate:.3f} |",
-        f"| L2 frames as tbf charges them, MTU {MTU} (x "
-        f"{FRAME_OVERHEAD:.4f} more) | {framed_rate / 1e9:.3f} | "
-        f"{framed_rate / rate:.3f} |",
-        "",
-        f"Target: within {RATE_TOLERANCE:.0%} of the shaped rate (tbf's "
-        f"count, the last row): **{'met' if ok else 'not met'}**.",
-        "",
-        "## Held out: another host count",
-        "",
-        "Constants fitted on the other host counts' groups only, then every",
-        f"candidate of the held-out count predicted (groups at {link}).",
-        "",
-        f"| fitted on hosts | predicted hosts | candidates | within "
-        f"{HELD_OUT_TOLERANCE:.0%} | worst ratio | worst candidate | "
-        "rate from that fit / shaped |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    recovered = _block(
+        HOSTS_PAGE,
+        "recovered",
+        lowest=min(ratios),
+        highest=max(ratios),
+        overhead=overhead,
+        link=f"{rate / 1e9:g} Gbit/s",
+        payload_rate=payload_rate / 1e9,
+        payload_share=payload_rate / rate,
+        counted_rate=counted_rate / 1e9,
+        counted_share=counted_rate / rate,
+        framed_rate=framed_rate / 1e9,
+        framed_share=framed_rate / rate,
+        mtu=MTU,
+        frame_overhead=FRAME_OVERHEAD,
+        rate_tolerance=RATE_TOLERANCE,
+        verdict="met" if ok else "not met",
+        **dataclasses.asdict(constants),
+    )
+    return [_block(HOSTS_PAGE, "head", table, command=command), recovered]
+
+
+def _held_out_hosts_blocks(
+    rows: Sequence[Row],
+    held_out: Sequence[HeldOutHosts],
+    rate: float,
+    overhead: float,
+    link: str,
+) -> list[str]:
+    """Each host count predicted by a fit on the others: one row per fit,
+    the candidates outside HELD_OUT_TOLERANCE (with their spread where the
+    records measured them twice), then every candidate."""
+    fits = []
     for held in held_out:
         worst, within = _worst(held.rows), _held_out_within(held.rows)
         fitted_rate = recovered_rate(held.constants, overhead * FRAME_OVERHEAD)
-        lines.append(
+        fits.append(
             f"| {', '.join(map(str, held.fitted_on))} | {held.hosts} | "
             f"{len(held.rows)} | "
             f"{within} | {worst.ratio:.2f} | {worst.candidate} "
             f"({_host_label(worst)}) | {fitted_rate / rate:.3f} |"
         )
+    tolerance = HELD_OUT_TOLERANCE
+    blocks = [
+        _block(
+            HOSTS_PAGE, "held_out_hosts", fits, link=link, tolerance=tolerance
+        )
+    ]
     spread: dict[tuple[str, str], float] = {}
     for name, a, b, ratio in repeats(rows):
         spread[(name, a)] = spread[(name, b)] = max(ratio, 1 / ratio)
@@ -1042,184 +1003,79 @@ def hosts_report(
         r
         for held in held_out
         for r in held.rows
-        if abs(r.ratio - 1) > HELD_OUT_TOLERANCE
+        if abs(r.ratio - 1) > tolerance
     ]
     if misses:
-        lines += [
-            "",
-            f"Outside {HELD_OUT_TOLERANCE:.0%}, and whether the records",
-            "measured the same configuration elsewhere (slower / faster):",
-            "",
-            "| group | candidate | ratio | measured twice: spread |",
-            "| --- | --- | --- | --- |",
-        ]
-        for r in misses:
-            twice = spread.get((r.candidate, r.group))
-            lines.append(
-                f"| {r.group} | {r.candidate} | {r.ratio:.2f} | "
-                f"{'-' if twice is None else f'{twice:.2f}'} |"
-            )
-    lines += [
-        "",
-        "Every candidate (predicted / measured; ratio above 1: the model is",
-        "slower than the measurement):",
-        "",
-        "| predicted hosts | group | candidate | measured ms | predicted ms "
-        "| ratio |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for held in held_out:
-        for row in held.rows:
-            lines.append(
-                f"| {held.hosts} | {row.group} | {row.candidate} | "
-                f"{_ms(row.measurement.seconds)} | {_ms(row.predicted)} | "
-                f"{row.ratio:.2f} |"
-            )
-    lines += [
-        "",
-        "## Held out: another rate",
-        "",
-        f"The constants fitted at {link} (above), moved to each other rate",
-        "by `cost_model.at_link_rate` (the wire's per-byte terms scale with",
-        "the link's time per byte, the rest stays; `constants_for_link`",
-        "moves the shipped ones the same way), then every candidate at that",
-        "rate predicted.",
-        "",
-    ]
+        twice = [spread.get((r.candidate, r.group)) for r in misses]
+        table = (
+            f"| {r.group} | {r.candidate} | {r.ratio:.2f} | "
+            f"{'-' if t is None else f'{t:.2f}'} |"
+            for r, t in zip(misses, twice, strict=True)
+        )
+        blocks.append(_block(HOSTS_PAGE, "misses", table, tolerance=tolerance))
+    every = (
+        f"| {held.hosts} {_timed_row(row)}"
+        for held in held_out
+        for row in held.rows
+    )
+    blocks.append(_block(HOSTS_PAGE, "held_out_candidates", every))
+    return blocks
+
+
+def _held_out_rate_blocks(
+    held_out_rates: Sequence[tuple[float, list[Row]]],
+    together: Sequence[tuple[float, int, int, int, int]],
+    link: str,
+) -> list[str]:
+    """Each other rate predicted by the constants moved to it, then every
+    rate fitted together in two forms (`one_fit_for_every_rate`)."""
+    head = _block(HOSTS_PAGE, "held_out_rate", link=link)
     if not held_out_rates:
-        lines.append("No record has another link rate.")
-    else:
-        lines += [
-            f"| rate | candidates | within {HELD_OUT_TOLERANCE:.0%} | "
-            "worst ratio | worst candidate |",
-            "| --- | --- | --- | --- | --- |",
-        ]
-        for held_rate, test in held_out_rates:
-            worst, within = _worst(test), _held_out_within(test)
-            lines.append(
-                f"| {held_rate / 1e9:g} Gbit/s | {len(test)} | {within} | "
-                f"{worst.ratio:.2f} | {worst.candidate} "
-                f"({_host_label(worst)}) |"
-            )
-        lines += [
-            "",
-            "Fitted on every rate together instead (each row's wire bytes",
-            f"scaled to {link}), in sample: what any constants of the",
-            "model's counts can do. Two forms: the model's sum of its terms",
-            "(`cost_model.fit` with `link_rate`), and a step that takes the",
-            f"larger of the wire's time ({', '.join(WIRE_TERMS)}) and the",
-            f"cores' ({', '.join(CORE_TERMS)}), plus the other terms, which",
-            "neither hides, fitted piecewise (`fit_larger_of`). The last",
-            "column is how many candidates' own timed rounds all lie within",
-            f"{HELD_OUT_TOLERANCE:.0%} of their median: where few do, the",
-            "measurement, not the model, is the limit.",
-            "",
-            f"| rate | candidates | within {HELD_OUT_TOLERANCE:.0%}, one "
-            f"fit, summed | within {HELD_OUT_TOLERANCE:.0%}, one fit, the "
-            f"larger of | rounds within {HELD_OUT_TOLERANCE:.0%} of their "
-            "median |",
-            "| --- | --- | --- | --- | --- |",
-            *(
-                f"| {r / 1e9:g} Gbit/s | {n} | {summed} | {larger} | {steady} |"
-                for r, n, summed, larger, steady in together
-            ),
-        ]
-        lines += [
-            "",
-            "| group | candidate | measured ms | predicted ms | ratio |",
-            "| --- | --- | --- | --- | --- |",
-        ]
-        for _, test in held_out_rates:
-            for row in test:
-                lines.append(
-                    f"| {row.group} | {row.candidate} | "
-                    f"{_ms(row.measurement.seconds)} | "
-                    f"{_ms(row.predicted)} | {row.ratio:.2f} |"
-                )
-    pairs = repeats(rows)
-    if pairs:
-        lines += [
-            "",
-            "## The records' own noise",
-            "",
-            "Candidates measured in two groups on the same configuration",
-            "(two records, or TF's MWMS at 1 and 2 local devices, which",
-            "keeps one replica per worker): no prediction can be nearer to",
-            "both than their spread allows.",
-            "",
-            *_repeats_table(pairs),
-        ]
-    lines += [
-        "",
-        "## Ordering: the model's ranking against the measured one",
-        "",
-        "What autotune uses the model for: ordering the candidates it times",
-        "and pruning the slow ones. Per group, Spearman's rank correlation",
-        "of predicted against measured times, the model's top pick, and the",
-        "measured best time over the top pick's measured time (1.00: it",
-        "picks the fastest).",
-        "",
-        "| constants | group | candidates | Spearman | top pick | best / "
-        "pick's time |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for title, table in orderings:
-        for group, count, rho, pick, fraction in table:
-            lines.append(
-                f"| {title} | {group} | {count} | {rho:.2f} | {pick} | "
-                f"{fraction:.2f} |"
-            )
-    lines += [
-        "",
-        "## Every candidate, fitted on every host count",
-        "",
-        "| group | candidate | measured ms | predicted ms | ratio |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row.group} | {row.candidate} | "
-            f"{_ms(row.measurement.seconds)} | {_ms(row.predicted)} | "
-            f"{row.ratio:.2f} |"
+        return [head, _block(HOSTS_PAGE, "no_other_rate")]
+    rates = []
+    for held_rate, test in held_out_rates:
+        worst, within = _worst(test), _held_out_within(test)
+        rates.append(
+            f"| {held_rate / 1e9:g} Gbit/s | {len(test)} | {within} | "
+            f"{worst.ratio:.2f} | {worst.candidate} ({_host_label(worst)}) |"
         )
-    lines += [
-        "",
-        "## Recommended configurations for 64 to 1024 hosts",
-        "",
-        "`cost_model.recommend` with these constants at the shaped rate",
-        "(`cost_model.constants_for_link` ships them). What it assumes:",
-        "",
-        f"- every host's link runs at {link} each way into a switch that",
-        "  never blocks, and the wire stays the bottleneck;",
-        "- one worker per host with 1 or 8 devices, one core per device (the",
-        "  per-core terms divided by the host's cores);",
-        "- the per-message, per-collective, incast and per-pack terms are",
-        "  what at most 4 hosts with 1 or 2 devices each measured. At 64 to",
-        "  1024 hosts the latency terms grow with the host count, so these",
-        "  rows extrapolate them: "
-        + ", ".join(
-            f"{name} fitted {getattr(constants, name):.3g} s"
-            for name in LATENCY_TERMS
-        )
-        + ". A term fitted 0 makes a latency-bound schedule (a ring of",
-        "  2(p-1) steps per tensor) look as cheap as a bandwidth-bound one,",
-        "  so the last two columns repeat the search with each of them at",
-        "  least the loopback fit's (the same machine's gRPC per-message",
-        "  costs, `DEFAULT_CONSTANTS`);",
-        "- no compression (a user opts in).",
-        "",
-        "Read them as what the fitted terms imply, not as measurements.",
-        "",
-        "| workload | hosts | devices per host | config, as fitted | "
-        "predicted ms | config, loopback per-message terms | predicted ms |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+    one_fit = (
+        f"| {r / 1e9:g} Gbit/s | {n} | {summed} | {larger} | {steady} |"
+        for r, n, summed, larger, steady in together
+    )
+    candidates = (_timed_row(row) for _, test in held_out_rates for row in test)
+    return [
+        head,
+        _block(HOSTS_PAGE, "other_rates", rates, tolerance=HELD_OUT_TOLERANCE),
+        _block(
+            HOSTS_PAGE,
+            "one_fit",
+            one_fit,
+            link=link,
+            tolerance=HELD_OUT_TOLERANCE,
+            wire_terms=", ".join(WIRE_TERMS),
+            core_terms=", ".join(CORE_TERMS),
+        ),
+        _block(HOSTS_PAGE, "other_rate_candidates", candidates),
     ]
-    for workload, workers, k, config, seconds, floor, floor_s in recommended:
-        lines.append(
-            f"| {workload} | {workers} | {k} | {_config_text(config)} | "
-            f"{_ms(seconds)} | {_config_text(floor)} | {_ms(floor_s)} |"
-        )
-    return "\n".join(lines) + "\n"
+
+
+def _host_recommendations_block(
+    constants: cost_model.Constants,
+    recommended: Sequence[HostRecommendation],
+    link: str,
+) -> str:
+    """`host_recommendations` and what they assume."""
+    latency = ", ".join(
+        f"{name} fitted {getattr(constants, name):.3g} s"
+        for name in LATENCY_TERMS
+    )
+    table = (
+        f"| {workload} | {workers} | {k} | {_config_text(config)} | "
+        f"{_ms(seconds)} | {_config_text(floor)} | {_ms(floor_s)} |"
+        for workload, workers, k, config, seconds, floor, floor_s in recommended
+    )
+    return _block(HOSTS_PAGE, "recommended", table, link=link, latency=latency)
 
 
 def emulated_main(paths: Sequence[pathlib.Path], command: str) -> str:
@@ -1280,6 +1136,25 @@ def emulated_main(paths: Sequence[pathlib.Path], command: str) -> str:
     )
 
 
+def loopback_main(paths: Sequence[pathlib.Path], command: str) -> str:
+    """The loopback fit and its page (`report`), with the errors of fits
+    to each record and each group alone (`SCOPES`)."""
+    rows = read_rows(paths)
+    constants = cost_model.fit([r.measurement for r in rows])
+    predict_rows(rows, constants)
+    held_out = leave_one_group_out(rows)
+    recommended = recommendations(constants)
+    scopes = [
+        ("every record together (the constants above)", scope_summary(rows))
+    ]
+    scopes += [
+        (title, scope_summary(fitted_by(rows, key))) for title, key in SCOPES
+    ]
+    text = report(rows, constants, held_out, recommended, command, scopes)
+    print(constants)
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("records", nargs="+", type=pathlib.Path)
@@ -1295,25 +1170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.emulated:
         command = f"python -m benchmarks.cost_fit --emulated {names}"
         text = emulated_main(args.records, command)
-        if args.output:
-            args.output.write_text(text)
-        else:
-            sys.stdout.write(text)
-        return 0
-    rows = read_rows(args.records)
-    constants = cost_model.fit([r.measurement for r in rows])
-    predict_rows(rows, constants)
-    held_out = leave_one_group_out(rows)
-    recommended = recommendations(constants)
-    command = f"python -m benchmarks.cost_fit {names}"
-    scopes = [
-        ("every record together (the constants above)", scope_summary(rows))
-    ]
-    scopes += [
-        (title, scope_summary(fitted_by(rows, key))) for title, key in SCOPES
-    ]
-    text = report(rows, constants, held_out, recommended, command, scopes)
-    print(constants)
+    else:
+        command = f"python -m benchmarks.cost_fit {names}"
+        text = loopback_main(args.records, command)
     if args.output:
         args.output.write_text(text)
     else:

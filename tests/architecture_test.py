@@ -6,7 +6,10 @@ violation is made in a copy of the tree and must break its contract.
 
 from __future__ import annotations
 
+import configparser
+import importlib
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -73,9 +76,30 @@ VIOLATIONS = {
     # A client of the package reaching into a private module.
     "private": (
         "examples/train_models.py",
-        "from tf_crossdevice.ops import _base  # noqa",
-        "compat, examples and benchmarks use public names only BROKEN",
-        "examples.train_models -> tf_crossdevice.ops._base",
+        "from tf_crossdevice.ops import _adapter  # noqa",
+        "Private modules are used only inside their folder BROKEN",
+        "examples.train_models -> tf_crossdevice.ops._adapter",
+    ),
+    # A folder reaching past another folder's face.
+    "private across folders": (
+        "tf_crossdevice/collective/_reducer.py",
+        "from tf_crossdevice.ops import _in_process  # noqa",
+        "Private modules are used only inside their folder BROKEN",
+        "tf_crossdevice.collective._reducer -> tf_crossdevice.ops._in_process",
+    ),
+    # A folder importing more than its docstring allows, within its layer.
+    "cluster beyond _core": (
+        "tf_crossdevice/cluster/_notices.py",
+        "from tf_crossdevice import ops  # noqa",
+        "cluster imports only _core BROKEN",
+        "tf_crossdevice.cluster._notices -> tf_crossdevice.ops",
+    ),
+    # The package importing one of its clients.
+    "client": (
+        "tf_crossdevice/tuning/_cache.py",
+        "import benchmarks  # noqa",
+        "The package never imports its clients BROKEN",
+        "tf_crossdevice.tuning._cache -> benchmarks",
     ),
 }
 
@@ -92,3 +116,79 @@ def test_each_kind_of_violation_breaks_its_contract(tmp_path, kind):
     assert done.returncode == 1, done.stdout[-3000:]
     assert broken in done.stdout, done.stdout[-3000:]
     assert named in done.stdout, done.stdout[-3000:]
+
+
+FOLDERS = [
+    "_core",
+    "compression",
+    "packing",
+    "algorithms",
+    "ops",
+    "collective",
+    "cluster",
+    "training",
+    "tuning",
+]
+
+
+def _contracts() -> configparser.ConfigParser:
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    return config
+
+
+def _lines(config: configparser.ConfigParser, section: str, key: str):
+    return [
+        line.strip()
+        for line in config[section][key].splitlines()
+        if line.strip()
+    ]
+
+
+def _allowed_by_contracts(folder: str) -> set[str]:
+    """The folders `folder` may import: those of the layers below its own,
+    less what a forbidden contract with it as the source forbids."""
+    config = _contracts()
+    layers = [
+        {name.strip() for name in line.split("|")}
+        for line in _lines(config, "importlinter:contract:layers", "layers")
+    ]
+    own = next(i for i, layer in enumerate(layers) if folder in layer)
+    allowed = set().union(*layers[own + 1 :])
+    for section in config.sections():
+        contract = config[section]
+        if contract.get("type") != "forbidden":
+            continue
+        sources = _lines(config, section, "source_modules")
+        if f"tf_crossdevice.{folder}" in sources:
+            allowed -= {
+                name.removeprefix("tf_crossdevice.")
+                for name in _lines(config, section, "forbidden_modules")
+            }
+    return allowed
+
+
+def _allowed_by_docstring(folder: str) -> set[str]:
+    doc = importlib.import_module(f"tf_crossdevice.{folder}").__doc__
+    match = re.search(r"May import: (.*?)(?:\.\n|\.$)", doc, re.S)
+    assert match, f"tf_crossdevice.{folder}: no 'May import:' line"
+    if match.group(1).strip() == "nothing of the package outside itself":
+        return set()
+    return set(re.findall(r"`(\w+)`", match.group(1)))
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_each_folders_docstring_says_what_the_contracts_allow(folder):
+    assert _allowed_by_docstring(folder) == _allowed_by_contracts(folder)
+
+
+def test_the_contracts_allow_what_the_folders_import():
+    """Sanity check of the parser above against a hand-worked case."""
+    assert _allowed_by_contracts("ops") == {
+        "_core",
+        "compression",
+        "packing",
+        "algorithms",
+    }
+    assert _allowed_by_contracts("cluster") == {"_core"}
+    assert _allowed_by_contracts("_core") == set()

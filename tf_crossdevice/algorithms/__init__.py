@@ -12,16 +12,29 @@ chunk to whom) is pure Python beside it (`_ring_schedule.py` beside
 May import: `_core`, `compression`.
 """
 
-from tf_crossdevice.algorithms._registry import algorithm_names
+from tf_crossdevice.algorithms._protocol import all_reduce_batch
+from tf_crossdevice.algorithms._reduction_to_one_device import sum_on_device
+from tf_crossdevice.algorithms._registry import algorithm_names, build
 from tf_crossdevice.algorithms._spec import (
     AllReduceSpecTuple,
+    check_algorithm,
+    describe_algorithms,
     format_all_reduce_spec,
     parse_all_reduce_spec,
+    select_range,
+    split_two_level,
 )
 
 __all__ = [
     "AllReduceSpecTuple",
     "algorithm_names",
+    "all_reduce_batch",
+    "build",
+    "check_algorithm",
+    "describe_algorithms",
     "format_all_reduce_spec",
     "parse_all_reduce_spec",
+    "select_range",
+    "split_two_level",
+    "sum_on_device",
 ]

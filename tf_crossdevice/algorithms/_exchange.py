@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import tensorflow as tf
 
 from tf_crossdevice.algorithms import _flat
-from tf_crossdevice.compression._wire_policy import Wire, WirePolicy
+from tf_crossdevice.compression import Wire, WirePolicy
 
 Move = tuple[int, int, int]
 """(source device index, destination device index, chunk index)."""

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _hierarchical_copy_schedule as schedule
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _reduction_to_one_device as one_device
-from tf_crossdevice.compression._wire_policy import Wire, WirePolicy
+from tf_crossdevice.compression import Wire, WirePolicy
 
 
 def hierarchical_copy_all_reduce(

@@ -28,7 +28,7 @@ from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core import tf_internal
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _reduction_to_one_device as one_device
-from tf_crossdevice.compression._wire_policy import Wire, WirePolicy
+from tf_crossdevice.compression import Wire, WirePolicy
 
 # The dtypes TensorFlow's NcclAllReduce kernel takes.
 NCCL_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)

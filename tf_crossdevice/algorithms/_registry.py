@@ -39,6 +39,7 @@ import dataclasses
 import re
 from typing import Any, TypeAlias
 
+from tf_crossdevice import compression as wire_policy
 from tf_crossdevice._core import checks
 from tf_crossdevice.algorithms import _halving_doubling as halving_doubling
 from tf_crossdevice.algorithms import _hierarchical_copy as hierarchical_copy
@@ -48,7 +49,6 @@ from tf_crossdevice.algorithms import _ring as ring
 from tf_crossdevice.algorithms import _shuffle as shuffle
 from tf_crossdevice.algorithms import _spec as spec_lib
 from tf_crossdevice.algorithms import _two_level as two_level
-from tf_crossdevice.compression import _wire_policy as wire_policy
 
 AllReduceBuilder: TypeAlias = protocol.AllReduceBuilder
 BuilderFactory: TypeAlias = protocol.BuilderFactory

@@ -25,7 +25,7 @@ import tensorflow as tf
 from tf_crossdevice.algorithms import _exchange, _flat
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _ring_schedule as ring
-from tf_crossdevice.compression._wire_policy import WirePolicy
+from tf_crossdevice.compression import WirePolicy
 
 
 # Plain Python loops over the schedule: nothing for AutoGraph to convert,

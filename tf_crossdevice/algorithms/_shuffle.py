@@ -34,7 +34,7 @@ from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice.algorithms import _flat
 from tf_crossdevice.algorithms import _protocol as protocol
 from tf_crossdevice.algorithms import _shuffle_schedule as shuffle_schedule
-from tf_crossdevice.compression._wire_policy import Wire, WirePolicy
+from tf_crossdevice.compression import Wire, WirePolicy
 
 
 def _split(flat: tf.Tensor, num_elements: int | None, num_shards: int):

@@ -32,10 +32,10 @@ from typing import TypeAlias
 
 import tensorflow as tf
 
+from tf_crossdevice import compression as wire_policy
 from tf_crossdevice._core import checks, workers
 from tf_crossdevice.algorithms import _flat
 from tf_crossdevice.algorithms import _protocol as protocol
-from tf_crossdevice.compression import _wire_policy as wire_policy
 
 GroupDevices: TypeAlias = Callable[[Sequence[str]], Sequence[Sequence[int]]]
 

@@ -30,7 +30,7 @@ order (so every member gets the same bits). Per member that moves
 (p-1)·S/2 bytes for S bytes of float32 where TensorFlow's ring moves
 2(p-1)/p·S: fewer for groups of p <= 3 members, as many at 4, more beyond.
 Larger groups run the uncompressed all-reduce (exact), logged once per
-group (`_codec.gather_compression_pays`). A group of one
+group (`compression.gather_compression_pays`). A group of one
 worker's devices alone is never compressed: nothing crosses a worker
 boundary.
 """
@@ -44,10 +44,10 @@ from typing import Any, TypeAlias
 import tensorflow as tf
 from absl import logging
 
+from tf_crossdevice import compression as codec
 from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core import tf_internal
-from tf_crossdevice.compression import _codec as codec
-from tf_crossdevice.compression._codec import gather_compression_pays
+from tf_crossdevice.compression import gather_compression_pays
 
 # tf.distribute.experimental.CommunicationOptions (TensorFlow has no stubs).
 Options: TypeAlias = Any

@@ -8,18 +8,34 @@ May import: `_core`.
 
 from tf_crossdevice.compression._codec import (
     COMPRESSIONS,
+    check_compression,
     compresses,
+    decode,
+    encode,
     gather_compression_pays,
     sum_tolerance,
 )
 from tf_crossdevice.compression._powersgd import PowerSGD
-from tf_crossdevice.compression._wire_policy import WirePolicy
+from tf_crossdevice.compression._wire_policy import (
+    SameWorker,
+    Wire,
+    WirePolicy,
+    check_wire,
+    default_same_worker,
+)
 
 __all__ = [
     "COMPRESSIONS",
     "PowerSGD",
+    "SameWorker",
+    "Wire",
     "WirePolicy",
+    "check_compression",
+    "check_wire",
     "compresses",
+    "decode",
+    "default_same_worker",
+    "encode",
     "gather_compression_pays",
     "sum_tolerance",
 ]

@@ -99,7 +99,6 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice._core import checks, tf_internal
-from tf_crossdevice.compression import _codec as codec
 from tf_crossdevice.compression._powersgd_state import (
     Layout,
     Matrix,
@@ -440,29 +439,6 @@ class PowerSGD(tf.Module):
             # Assigning tracks the new variables; a checkpoint restored
             # before they existed fills them in now.
             self._matrices[matrix_key(k)] = matrix
-
-
-def split_compression(value: Any) -> tuple[str | None, PowerSGD | None]:
-    """A between-worker reduction's `compression` argument as (the wire
-    codec, the PowerSGD compressor): one of them, or neither.
-
-    >>> split_compression("bf16")
-    ('bf16', None)
-    >>> split_compression("powersgd")
-    Traceback (most recent call last):
-    ...
-    ValueError: compression: unknown value 'powersgd'; expected one of \
-None, 'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD
-    """
-    if isinstance(value, PowerSGD):
-        return None, value
-    try:
-        return codec.check_compression(value), None
-    except ValueError:
-        raise ValueError(
-            f"compression: unknown value {value!r}; expected one of None, "
-            "'bf16', 'fp16' or a tf_crossdevice.compression.PowerSGD"
-        ) from None
 
 
 def _spec(value: Value) -> tuple[Any, ...]:

@@ -23,7 +23,7 @@ import tensorflow as tf
 from tf_crossdevice._core import checks, values
 from tf_crossdevice._core.reducer import Batch, Devices, Reducer
 from tf_crossdevice._core.values import Item, ReduceOp, no_autograph
-from tf_crossdevice.algorithms._reduction_to_one_device import sum_on_device
+from tf_crossdevice.algorithms import sum_on_device
 from tf_crossdevice.compression import WirePolicy
 
 
@@ -32,6 +32,20 @@ class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
 
     The package's classes (`ReductionToOneDevice`, `CollectiveAllReduce`,
     ...) are this adapter with their own reducer; `reducer` gives it back.
+    An in-process reducer with no algorithm sums every value on one device:
+
+    >>> ops = tf_crossdevice.ops.CrossDeviceOpsAdapter(
+    ...     tf_crossdevice.ops.InProcessReducer("OnOneDevice"))
+    >>> value = tf_crossdevice.testing.per_replica(
+    ...     [tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])])
+    >>> ops.reduce("mean", value, "/cpu:0").numpy()
+    array([2., 3.], dtype=float32)
+    >>> type(tf_crossdevice.CollectiveAllReduce().reducer).__name__
+    'CollectiveReducer'
+
+    Args:
+        reducer: decides which devices sum each value and sums a batch
+            (see `tf_crossdevice._core.reducer.Reducer`).
     """
 
     def __init__(self, reducer: Reducer) -> None:

@@ -12,11 +12,10 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from tf_crossdevice import algorithms
 from tf_crossdevice._core import values
 from tf_crossdevice._core.reducer import OneDevice
 from tf_crossdevice._core.values import Item
-from tf_crossdevice.algorithms._protocol import all_reduce_batch
-from tf_crossdevice.algorithms._registry import build as build_algorithm
 from tf_crossdevice.ops._adapter import CrossDeviceOpsAdapter
 from tf_crossdevice.ops._in_process import InProcessReducer
 from tf_crossdevice.packing import PackedAllReduce, check_packing
@@ -136,7 +135,7 @@ class AllReduceCrossDeviceOps(CrossDeviceOpsAdapter):
         agg_small_grads_max_bytes: int = 0,
         agg_small_grads_max_group: int = 10,
     ):
-        builder = build_algorithm(all_reduce_alg, argument="all_reduce_alg")
+        builder = algorithms.build(all_reduce_alg, argument="all_reduce_alg")
         (
             self._num_packs,
             self._agg_small_grads_max_bytes,
@@ -148,7 +147,7 @@ class AllReduceCrossDeviceOps(CrossDeviceOpsAdapter):
             InProcessReducer(
                 type(self).__name__,
                 all_reduce=PackedAllReduce(
-                    functools.partial(all_reduce_batch, builder),
+                    functools.partial(algorithms.all_reduce_batch, builder),
                     self._num_packs,
                     self._agg_small_grads_max_bytes,
                     self._agg_small_grads_max_group,

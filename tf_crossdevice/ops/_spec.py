@@ -7,11 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice.algorithms import _protocol as protocol
-from tf_crossdevice.algorithms import _registry as registry
-from tf_crossdevice.algorithms import _spec as spec_lib
-from tf_crossdevice.compression import WirePolicy
-from tf_crossdevice.compression._codec import check_compression
+from tf_crossdevice import algorithms
+from tf_crossdevice.compression import WirePolicy, check_compression
 from tf_crossdevice.ops._adapter import CrossDeviceOpsAdapter
 from tf_crossdevice.ops._in_process import InProcessReducer
 from tf_crossdevice.packing import PackedAllReduce, check_packing
@@ -87,8 +84,8 @@ class SpecAllReduce(CrossDeviceOpsAdapter):
         *,
         compression: str | None = None,
     ):
-        self._spec = spec_lib.parse_all_reduce_spec(
-            all_reduce_spec, registry.algorithm_names()
+        self._spec = algorithms.parse_all_reduce_spec(
+            all_reduce_spec, algorithms.algorithm_names()
         )
         wire = WirePolicy(codec=check_compression(compression))
         (
@@ -112,7 +109,7 @@ class SpecAllReduce(CrossDeviceOpsAdapter):
         )
 
     @property
-    def all_reduce_spec(self) -> tuple[spec_lib.AllReduceSpecTuple, ...]:
+    def all_reduce_spec(self) -> tuple[algorithms.AllReduceSpecTuple, ...]:
         """The parsed spec: one (alg, shards, limit) per size range."""
         return self._spec
 
@@ -120,15 +117,15 @@ class SpecAllReduce(CrossDeviceOpsAdapter):
 class SpecPacks:
     """Sums packs with the algorithm of the spec range their size falls in.
 
-    Each range's packs go as one batch (see `protocol.all_reduce_batch`).
+    Each range's packs go as one batch (see `algorithms.all_reduce_batch`).
     """
 
     def __init__(
-        self, spec: tuple[spec_lib.AllReduceSpecTuple, ...], wire: WirePolicy
+        self, spec: tuple[algorithms.AllReduceSpecTuple, ...], wire: WirePolicy
     ) -> None:
         self.spec = spec
         self.builders = {
-            r: registry.build(r.alg, r.shards, wire=wire) for r in spec
+            r: algorithms.build(r.alg, r.shards, wire=wire) for r in spec
         }
 
     def __call__(
@@ -136,11 +133,11 @@ class SpecPacks:
     ) -> list[list[tf.Tensor]]:
         by_range: dict = {}
         for k, pack in enumerate(packs):
-            chosen = spec_lib.select_range(self.spec, size_in_bytes(pack[0]))
+            chosen = algorithms.select_range(self.spec, size_in_bytes(pack[0]))
             by_range.setdefault(chosen, []).append(k)
         results: list[list[tf.Tensor]] = [[] for _ in packs]
         for chosen, members in by_range.items():
-            summed = protocol.all_reduce_batch(
+            summed = algorithms.all_reduce_batch(
                 self.builders[chosen],
                 [packs[k] for k in members],
                 [indices[k] for k in members],

@@ -17,6 +17,7 @@ from tf_crossdevice.packing._collective_pack import (
     plan_packs,
     unflatten_pack,
 )
+from tf_crossdevice.packing._collective_plan import collective_packs
 from tf_crossdevice.packing._pack import Packer, make_packer
 from tf_crossdevice.packing._packed_all_reduce import (
     BatchAllReduce,
@@ -24,15 +25,26 @@ from tf_crossdevice.packing._packed_all_reduce import (
     check_packing,
     packed_all_reduce,
 )
+from tf_crossdevice.packing._plan import (
+    PackingScheme,
+    concat_and_split_plan,
+    packing_scheme,
+    small_tensor_plan,
+)
 
 __all__ = [
     "BatchAllReduce",
     "PackedAllReduce",
     "Packer",
+    "PackingScheme",
     "check_packing",
+    "collective_packs",
+    "concat_and_split_plan",
     "flatten_pack",
     "make_packer",
     "packed_all_reduce",
+    "packing_scheme",
     "plan_packs",
+    "small_tensor_plan",
     "unflatten_pack",
 ]

@@ -8,8 +8,9 @@ all-reduce (gradient accumulation), so that the wire between hosts carries
 one stop step that every worker agrees on (through a tiny all-reduce), so
 that they all save a checkpoint at that step and leave cleanly.
 
-May import: `_core`, and through TensorFlow's public API any strategy and
-CrossDeviceOps of the package (it needs none of them by name).
+May import: `_core`, `cluster`. Through TensorFlow's public API it works
+with any strategy and CrossDeviceOps of the package (it needs none of them
+by name).
 """
 
 from tf_crossdevice.training._accumulate import GradientAccumulator

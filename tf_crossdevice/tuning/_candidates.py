@@ -6,8 +6,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from tf_crossdevice.algorithms import _spec as spec_lib
-from tf_crossdevice.compression import _codec as codec
+from tf_crossdevice import algorithms as spec_lib
+from tf_crossdevice import compression as codec
 from tf_crossdevice.tuning import _grid, cost_model
 from tf_crossdevice.tuning._configs import Config
 from tf_crossdevice.tuning._topology import GradientList, Topology, num_bytes

@@ -14,27 +14,21 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice.collective import _all_reduce as _collective_ops
-from tf_crossdevice.collective import (
-    _hierarchical as _hierarchical_collective_ops,
-)
-from tf_crossdevice.ops import _multi_worker as _multi_worker_ops
-from tf_crossdevice.ops import _single_host as _ops
-from tf_crossdevice.ops import _spec as _spec_ops
+from tf_crossdevice import collective, ops
 from tf_crossdevice.tuning._topology import Topology
 from tf_crossdevice.tuning.cost_model import Config
 
 # The classes a configuration may name.
 _CLASSES = {
-    "SpecAllReduce": _spec_ops.SpecAllReduce,
-    "MultiWorkerAllReduce": _multi_worker_ops.MultiWorkerAllReduce,
-    "ReductionToOneDevice": _ops.ReductionToOneDevice,
-    "AllReduceCrossDeviceOps": _ops.AllReduceCrossDeviceOps,
-    "HierarchicalCopyAllReduce": _ops.HierarchicalCopyAllReduce,
-    "NcclAllReduce": _ops.NcclAllReduce,
-    "CollectiveAllReduce": _collective_ops.CollectiveAllReduce,
+    "SpecAllReduce": ops.SpecAllReduce,
+    "MultiWorkerAllReduce": ops.MultiWorkerAllReduce,
+    "ReductionToOneDevice": ops.ReductionToOneDevice,
+    "AllReduceCrossDeviceOps": ops.AllReduceCrossDeviceOps,
+    "HierarchicalCopyAllReduce": ops.HierarchicalCopyAllReduce,
+    "NcclAllReduce": ops.NcclAllReduce,
+    "CollectiveAllReduce": collective.CollectiveAllReduce,
     "HierarchicalCollectiveAllReduce": (
-        _hierarchical_collective_ops.HierarchicalCollectiveAllReduce
+        collective.HierarchicalCollectiveAllReduce
     ),
 }
 

@@ -14,11 +14,10 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from tf_crossdevice import algorithms as spec_lib
+from tf_crossdevice import compression as codec
+from tf_crossdevice import packing as packing_lib
 from tf_crossdevice._core import checks
-from tf_crossdevice.algorithms import _spec as spec_lib
-from tf_crossdevice.compression import _codec as codec
-from tf_crossdevice.packing import _collective_plan as collective_packing
-from tf_crossdevice.packing import _plan as packing_lib
 from tf_crossdevice.tuning import _traffic as traffic
 from tf_crossdevice.tuning._cost_inputs import (
     ALGORITHMS,
@@ -317,12 +316,12 @@ def _collective_step_traffic(
         scope = checks.positive_int(
             kwargs["all_reduce_merge_scope"], "all_reduce_merge_scope"
         )
-        packs = collective_packing.collective_packs(
+        packs = packing_lib.collective_packs(
             sizes, dtypes, bytes_per_pack, scope
         )
         return _collective_traffic(tensors, packs, n, k, False, compression)
     if name == "HierarchicalCollectiveAllReduce":
-        packs = collective_packing.collective_packs(
+        packs = packing_lib.collective_packs(
             sizes, dtypes, bytes_per_pack, len(tensors)
         )
         return _collective_traffic(tensors, packs, n, k, True, compression)
@@ -334,7 +333,7 @@ def _collective_step_traffic(
             f"implementation: the model knows 'RING' and 'AUTO' (RING on "
             f"CPUs), got {implementation!r}"
         )
-    packs = collective_packing.collective_packs(
+    packs = packing_lib.collective_packs(
         sizes, dtypes, bytes_per_pack, max(1, len(tensors))
     )
     return _collective_traffic(tensors, packs, n, k, False, None)

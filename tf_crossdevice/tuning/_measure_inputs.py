@@ -16,8 +16,8 @@ from typing import Any, TypeAlias
 import numpy as np
 import tensorflow as tf
 
+from tf_crossdevice import compression as codec
 from tf_crossdevice._core import tf_internal
-from tf_crossdevice.compression import _codec as codec
 
 # (shape, dtype) of each gradient of one replica.
 Gradients: TypeAlias = Sequence[tuple[Sequence[int], Any]]

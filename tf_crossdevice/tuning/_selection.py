@@ -10,8 +10,11 @@ from absl import logging
 
 from tf_crossdevice._core import checks
 from tf_crossdevice._core import values as values_lib
-from tf_crossdevice.ops import _links as topology
-from tf_crossdevice.ops._default import default_cross_device_ops
+from tf_crossdevice.ops import (
+    LinkMatrix,
+    check_link_matrix,
+    default_cross_device_ops,
+)
 from tf_crossdevice.tuning import cost_model
 from tf_crossdevice.tuning._cache import cache_file, read_cache
 from tf_crossdevice.tuning._configs import label, make_ops
@@ -20,7 +23,7 @@ from tf_crossdevice.tuning._topology import Topology, normalize_gradients
 
 def select_cross_device_ops(
     devices: Sequence[str],
-    link_matrix: topology.LinkMatrix | None = None,
+    link_matrix: LinkMatrix | None = None,
     *,
     gradients: Any = None,
     cache_dir: Any = None,
@@ -76,14 +79,14 @@ def select_cross_device_ops(
     'SpecAllReduce'
     >>> dgx1 = tf_crossdevice.select_cross_device_ops(
     ...     [f"/gpu:{i}" for i in range(8)],
-    ...     link_matrix=topology.dgx1_link_matrix())
+    ...     link_matrix=tf_crossdevice.ops.dgx1_link_matrix())
     >>> type(dgx1).__name__, dgx1._num_packs
     ('HierarchicalCopyAllReduce', 8)
     """
     checks.string_list(devices, "devices", "device string")
     canonical = [values_lib.canonical_device(d, "devices") for d in devices]
     if link_matrix is not None:
-        topology.check_link_matrix(link_matrix, len(devices))
+        check_link_matrix(link_matrix, len(devices))
     if gradients is not None:
         chosen = _from_gradients(canonical, gradients, cache_dir)
         if chosen is not None:

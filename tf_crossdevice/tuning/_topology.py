@@ -22,7 +22,7 @@ from tf_crossdevice._core import checks as _checks
 from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core import tf_internal
 from tf_crossdevice._core import values as values_lib
-from tf_crossdevice.cluster import _in_graph
+from tf_crossdevice.cluster import WorkerReplicas
 
 GradientList: TypeAlias = list[tuple[tuple[int, ...], str]]
 
@@ -213,7 +213,7 @@ def _connect(spec: Any, argument: str) -> Topology:
             f"{argument}: the cluster spec has jobs {jobs} and no 'worker' "
             "job; autotune runs replicas on the 'worker' job's tasks"
         )
-    replicas = _in_graph.WorkerReplicas(cluster, 1, job_name=job)
+    replicas = WorkerReplicas(cluster, 1, job_name=job)
     by_worker: dict[str, dict[str, list[str]]] = {
         w: {"CPU": [], "GPU": []} for w in replicas.worker_devices
     }

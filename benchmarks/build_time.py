@@ -25,9 +25,14 @@ from collections.abc import Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+import tf_crossdevice  # noqa: E402
+from benchmarks import workloads as workloads_lib  # noqa: E402
 from benchmarks.targets import BUILD_SECONDS as LIMITS  # noqa: E402
+from tf_crossdevice import testing  # noqa: E402
+from tf_crossdevice.tuning import measure as _measure  # noqa: E402
 
 ALGORITHMS = ("xring", "rechd", "pscpu", "psgpu", "hierarchical_copy", "nccl")
 PACKINGS: dict[str, dict[str, int]] = {
@@ -95,11 +100,6 @@ def measure(
     second, untimed trace that returns them. `config=None` times the
     inputs alone (no all-reduce): the floor every row pays.
     """
-    import tensorflow as tf
-
-    import tf_crossdevice
-    from tf_crossdevice.tuning import measure as _measure
-
     tf.keras.backend.clear_session()
     inputs = _measure.Inputs(
         [(s, workload.dtype) for s in workload.shapes], devices
@@ -163,9 +163,6 @@ def verdicts(rows: Sequence[BuildTime]) -> list[str]:
 
 def main(argv: Sequence[str]) -> int:
     del argv
-    from benchmarks import workloads as workloads_lib
-    from tf_crossdevice import testing
-
     n = int(flags.FLAGS.devices)
     testing.request_cpu_devices(n)
     devices = testing.cpu_devices(n)

@@ -31,7 +31,11 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import tensorflow as tf
+
+import tf_crossdevice
 from benchmarks import workloads as workloads_lib
+from tf_crossdevice.compression import PowerSGD
 from tf_crossdevice.tuning import cost_model
 
 PACKS_1 = {"num_packs": 1}
@@ -364,8 +368,6 @@ def compression_of(kwargs: Mapping[str, Any]) -> Any:
     the first step (one per reduction: it holds that reduction's state)."""
     if kwargs.get("compression") != POWERSGD:
         return kwargs.get("compression")
-    from tf_crossdevice.compression import PowerSGD
-
     return PowerSGD(rank=kwargs["powersgd_rank"], start_step=0)
 
 
@@ -490,10 +492,6 @@ def build(candidate: Candidate, devices: Sequence[str]) -> Any:
         ValueError: a kind that cannot be built here ("mwms" and
             "ours_mwms" run in their own processes).
     """
-    import tensorflow as tf
-
-    import tf_crossdevice
-
     kind, kwargs = candidate.kind, dict(candidate.kwargs)
     if isinstance(kwargs.get("all_reduce_spec"), list):  # JSON made it one
         kwargs["all_reduce_spec"] = tuple(kwargs["all_reduce_spec"])

@@ -36,6 +36,7 @@ like success), 1 on a usage error.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import pathlib
 import shlex
@@ -46,63 +47,54 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+import tf_crossdevice  # noqa: E402
 from benchmarks import records, report  # noqa: E402
 from benchmarks import workloads as workloads_lib  # noqa: E402
+from tf_crossdevice.tuning import measure  # noqa: E402
 
 NO_GPU = 3
 INPUTS = "baseline: read the inputs"
 TF_NCCL = "TF NcclAllReduce"
-# (name, family, needs distinct GPUs, the object): NCCL's entries need GPUs
-# that are not logical GPUs of one.
+# (name, family, needs distinct GPUs, the object's constructor): NCCL's
+# entries need GPUs that are not logical GPUs of one.
 ENTRIES: tuple[tuple[str, str, bool, Callable[[], Any]], ...] = (
-    ("ours NcclAllReduce", "ours", True, lambda: _ours().NcclAllReduce()),
+    ("ours NcclAllReduce", "ours", True, tf_crossdevice.NcclAllReduce),
     (
         "ours HierarchicalCopyAllReduce",
         "ours",
         False,
-        lambda: _ours().HierarchicalCopyAllReduce(),
+        tf_crossdevice.HierarchicalCopyAllReduce,
     ),
     (
         "ours SpecAllReduce psgpu",
         "ours",
         False,
-        lambda: _ours().SpecAllReduce("psgpu"),
+        functools.partial(tf_crossdevice.SpecAllReduce, "psgpu"),
     ),
     (
         "ours ReductionToOneDevice",
         "ours",
         False,
-        lambda: _ours().ReductionToOneDevice(),
+        tf_crossdevice.ReductionToOneDevice,
     ),
-    (TF_NCCL, "tf", True, lambda: _tf().distribute.NcclAllReduce()),
+    (TF_NCCL, "tf", True, tf.distribute.NcclAllReduce),
     (
         "TF HierarchicalCopyAllReduce",
         "tf",
         False,
-        lambda: _tf().distribute.HierarchicalCopyAllReduce(),
+        tf.distribute.HierarchicalCopyAllReduce,
     ),
     (
         "TF ReductionToOneDevice",
         "tf",
         False,
-        lambda: _tf().distribute.ReductionToOneDevice(),
+        tf.distribute.ReductionToOneDevice,
     ),
 )
 SETTING = "single_process_gpu"
-
-
-def _ours() -> Any:
-    import tf_crossdevice
-
-    return tf_crossdevice
-
-
-def _tf() -> Any:
-    import tensorflow as tf
-
-    return tf
 
 
 def define_flags() -> None:
@@ -144,7 +136,6 @@ def set_up_gpus(logical: int, memory_mb: int) -> tuple[int, bool]:
 
     Two or more GPUs: all of them. One: split into `logical`.
     """
-    tf = _tf()
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) != 1:
         return len(gpus), False
@@ -155,7 +146,6 @@ def set_up_gpus(logical: int, memory_mb: int) -> tuple[int, bool]:
 
 def machine() -> str:
     """The GPUs' names, the CPU cores and the software."""
-    tf = _tf()
     details = [
         tf.config.experimental.get_device_details(g).get("device_name", "?")
         for g in tf.config.list_physical_devices("GPU")
@@ -175,7 +165,6 @@ def machine() -> str:
 
 def _kept_on_gpus(body: Callable[[], Any]) -> Any:
     """A tf.function running `body` whose results stay on their devices."""
-    tf = _tf()
 
     def step() -> Any:
         results = [t for per in body() for t in per]
@@ -187,7 +176,7 @@ def _kept_on_gpus(body: Callable[[], Any]) -> Any:
 
 def _synced_timer(call: Callable[[], Any]) -> Callable[[int], float]:
     """Seconds per call of n calls, waiting for the GPUs at both ends."""
-    sync = _tf().test.experimental.sync_devices
+    sync = tf.test.experimental.sync_devices
 
     def time_calls(reps: int) -> float:
         sync()
@@ -207,8 +196,6 @@ def measure_group(
     options: dict[str, Any],
 ) -> records.Group:
     """Every entry on `devices`: checked, then timed in interleaved rounds."""
-    from tf_crossdevice.tuning import measure
-
     note = f"{len(devices)} GPUs" + (
         " (logical GPUs of one GPU: copies stay in its memory)"
         if logical
@@ -349,9 +336,6 @@ def main(argv: list[str]) -> int:
         )
         print(why, file=sys.stderr)
         return NO_GPU
-    from tf_crossdevice.tuning import measure
-
-    tf = _tf()
     tf.get_logger().setLevel("ERROR")
     tf.config.optimizer.set_experimental_options(
         {"dependency_optimization": False}  # see the module docstring

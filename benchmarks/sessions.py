@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import resource
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,10 +38,11 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
+import tf_crossdevice
 from benchmarks import candidates as candidates_lib
 from benchmarks import roofline
+from tf_crossdevice import cluster, testing
 from tf_crossdevice import compression as compression_lib
-from tf_crossdevice import testing
 from tf_crossdevice.cluster import processes as _processes
 from tf_crossdevice.tuning import measure
 
@@ -230,8 +232,6 @@ class InGraph(Session):
         # One replica per worker across a cluster; else one process.
         self.num_workers = len(setup.get("cluster", {}).get("worker", [0]))
         if "cluster" in setup:
-            from tf_crossdevice import cluster
-
             self.devices = cluster.WorkerReplicas(
                 setup["cluster"], replicas_per_worker=1
             ).devices
@@ -297,10 +297,6 @@ class InGraph(Session):
     def _autotune(self, name: str, inputs: measure.Inputs) -> Built:
         """autotune on the group's gradients and devices (a fresh cache:
         it measures), then its choice as an entry."""
-        import tempfile
-
-        import tf_crossdevice
-
         gradients = list(zip(inputs.shapes, inputs.dtypes, strict=True))
         start = time.monotonic()
         with tempfile.TemporaryDirectory() as cache:
@@ -504,8 +500,6 @@ class OursMwms(Session):
         """Our strategy for a candidate's `kwargs` (its class's name,
         `bytes_per_pack` and compression) and its cross-device ops, built
         once per setting (every worker builds them in the same order)."""
-        import tf_crossdevice
-
         key = json.dumps(kwargs, sort_keys=True)
         if key not in self.strategies:
             options = tf.distribute.experimental.CommunicationOptions(

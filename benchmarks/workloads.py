@@ -17,6 +17,8 @@ import functools
 import math
 import re
 
+import tensorflow as tf
+
 Shape = tuple[int, ...]
 H, FF = 768, 3072  # BERT-base's hidden and intermediate sizes
 # BERT-base's trainable variables (uncased, 12 layers, vocabulary 30522, 512
@@ -79,8 +81,6 @@ def resnet50() -> Workload:
     Builds the model once per process (about a second, no download): 214
     tensors, 25,583,592 values.
     """
-    import tensorflow as tf
-
     model = tf.keras.applications.ResNet50(weights=None)
     shapes = tuple(tuple(map(int, v.shape)) for v in model.trainable_variables)
     del model

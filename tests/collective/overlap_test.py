@@ -29,7 +29,7 @@ import pytest
 import tensorflow as tf
 
 import tf_crossdevice
-from tf_crossdevice.collective import _all_reduce, _hierarchical
+from tf_crossdevice.collective import _launch_order
 
 keras = tf.keras
 
@@ -170,8 +170,7 @@ def forward_order(monkeypatch):
     def forward(units):
         return sorted(units, key=min)
 
-    monkeypatch.setattr(_all_reduce, "launch_order", forward)
-    monkeypatch.setattr(_hierarchical, "launch_order", forward)
+    monkeypatch.setattr(_launch_order, "launch_order", forward)
 
 
 @pytest.mark.parametrize("path", ["fit", "custom_loop"])

@@ -19,12 +19,12 @@ from tf_crossdevice._core import checks, tf_internal, values
 from tf_crossdevice._core.reducer import Batch, Devices
 from tf_crossdevice._core.values import Value
 from tf_crossdevice.collective._group import Group, Options
-from tf_crossdevice.collective._launch_order import launch_order
+from tf_crossdevice.collective._launch_order import launch_units
 from tf_crossdevice.collective._reducer import CollectiveReducer
 from tf_crossdevice.collective._sparse import all_reduce_sparse
 from tf_crossdevice.compression import PowerSGD, WirePolicy
 from tf_crossdevice.ops import CrossDeviceOpsAdapter
-from tf_crossdevice.packing import flatten_pack, plan_packs, unflatten_pack
+from tf_crossdevice.packing import flatten_pack, unflatten_pack
 
 
 class CollectiveAllReduce(CrossDeviceOpsAdapter):
@@ -189,17 +189,9 @@ class FlatStep:
         and IndexedSlices in `launch_order`, last values first.
         """
         out: list[Any] = [None] * len(tensors)
-        dense = [k for k, v in enumerate(tensors) if not _is_sparse(v)]
-        packs = [
-            [dense[j] for j in pack]
-            for pack in plan_packs(
-                [tensors[k] for k in dense],
-                options.bytes_per_pack,
-                self.merge_scope,
-            )
-        ]
-        sparse = [[k] for k, v in enumerate(tensors) if _is_sparse(v)]
-        for keys in launch_order([*packs, *sparse]):
+        for keys in launch_units(
+            tensors, options.bytes_per_pack, self.merge_scope
+        ):
             if _is_sparse(tensors[keys[0]]):
                 out[keys[0]] = all_reduce_sparse(
                     group, index, tensors[keys[0]], options

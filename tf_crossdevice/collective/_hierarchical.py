@@ -25,12 +25,12 @@ import tensorflow as tf
 from tf_crossdevice._core import tf_internal, values
 from tf_crossdevice._core.reducer import Batch, Devices
 from tf_crossdevice.collective._group import Options
-from tf_crossdevice.collective._launch_order import launch_order
+from tf_crossdevice.collective._launch_order import launch_units
 from tf_crossdevice.collective._reducer import CollectiveReducer
 from tf_crossdevice.collective._sparse import all_reduce_sparse
 from tf_crossdevice.compression import PowerSGD, WirePolicy
 from tf_crossdevice.ops import CrossDeviceOpsAdapter, default_cross_device_ops
-from tf_crossdevice.packing import flatten_pack, plan_packs, unflatten_pack
+from tf_crossdevice.packing import flatten_pack, unflatten_pack
 
 
 class HierarchicalCollectiveAllReduce(CrossDeviceOpsAdapter):
@@ -136,27 +136,11 @@ class HierarchicalStep:
         first = devices[0]
         workers = reducer.group((first,), reducer.num_workers)
         results: Batch = [[None] * len(devices) for _ in batch]
-        dense = [
-            k
-            for k, value in enumerate(batch)
-            if not isinstance(value[0], tf.IndexedSlices)
-        ]
-        packs = [
-            [dense[j] for j in pack]
-            for pack in plan_packs(
-                [batch[k][0] for k in dense],
-                options.bytes_per_pack,
-                max(1, len(dense)),
-            )
-        ]
-        sparse = [
-            [k]
-            for k, value in enumerate(batch)
-            if isinstance(value[0], tf.IndexedSlices)
-        ]
         # Last values first (see `launch_order`): the first collective
         # waits for the last layers' gradients only.
-        for keys in launch_order([*packs, *sparse]):
+        for keys in launch_units(
+            [value[0] for value in batch], options.bytes_per_pack, None
+        ):
             if isinstance(batch[keys[0]][0], tf.IndexedSlices):
                 value = batch[keys[0]]
                 local = values.sum_sparse(value, first)

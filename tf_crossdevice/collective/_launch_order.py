@@ -1,8 +1,40 @@
-"""The order in which a step issues its collectives."""
+"""Which collectives a step issues, and in which order."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tf_crossdevice._core.values import Value
+from tf_crossdevice.packing import plan_packs
+
+
+def launch_units(
+    values: Sequence[Value], bytes_per_pack: int, merge_scope: int | None
+) -> list[list[int]]:
+    """The collectives of one step, as indices into `values`, in order.
+
+    Dense values go in packs (`plan_packs`: by `bytes_per_pack`, or with
+    0 every `merge_scope` consecutive values of one dtype; None puts every
+    dense value of a dtype in one scope), each IndexedSlices alone; the
+    units come in `launch_order`.
+    """
+    dense = [k for k, v in enumerate(values) if not _is_sparse(v)]
+    packs = [
+        [dense[j] for j in pack]
+        for pack in plan_packs(
+            [values[k] for k in dense],
+            bytes_per_pack,
+            max(1, len(dense)) if merge_scope is None else merge_scope,
+        )
+    ]
+    sparse = [[k] for k, v in enumerate(values) if _is_sparse(v)]
+    return launch_order([*packs, *sparse])
+
+
+def _is_sparse(value: Value) -> bool:
+    return isinstance(value, tf.IndexedSlices)
 
 
 def launch_order(units: Sequence[list[int]]) -> list[list[int]]:

@@ -131,3 +131,15 @@ def test_spec_is_parsed_once_and_exposed():
 def test_bad_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
         tf_crossdevice.SpecAllReduce(**kwargs)
+
+
+def test_powersgd_is_refused_naming_the_class_and_where_it_goes():
+    powersgd = tf_crossdevice.compression.PowerSGD(rank=2)
+    with pytest.raises(ValueError) as e:
+        tf_crossdevice.SpecAllReduce(compression=powersgd)
+    assert str(e.value) == (
+        "compression: SpecAllReduce cannot carry PowerSGD(rank=2, "
+        "start_step=0, min_compression_size=4096, seed=0); expected None, "
+        "'bf16' or 'fp16' (PowerSGD goes to MultiWorkerAllReduce or the "
+        "collective classes)"
+    )

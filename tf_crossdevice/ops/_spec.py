@@ -8,7 +8,11 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice import algorithms
-from tf_crossdevice.compression import WirePolicy, check_compression
+from tf_crossdevice.compression import (
+    PowerSGD,
+    WirePolicy,
+    check_compression,
+)
 from tf_crossdevice.ops._adapter import CrossDeviceOpsAdapter
 from tf_crossdevice.ops._in_process import InProcessReducer
 from tf_crossdevice.packing import PackedAllReduce, check_packing
@@ -87,6 +91,14 @@ class SpecAllReduce(CrossDeviceOpsAdapter):
         self._spec = algorithms.parse_all_reduce_spec(
             all_reduce_spec, algorithms.algorithm_names()
         )
+        if isinstance(compression, PowerSGD):
+            # PowerSGD approximates sums across workers; SpecAllReduce has
+            # no worker boundary of its own to apply it at.
+            raise ValueError(
+                f"compression: SpecAllReduce cannot carry {compression!r}; "
+                "expected None, 'bf16' or 'fp16' (PowerSGD goes to "
+                "MultiWorkerAllReduce or the collective classes)"
+            )
         wire = WirePolicy(codec=check_compression(compression))
         (
             self._num_packs,

@@ -89,6 +89,19 @@ def test_bound_copy_keeps_its_own_traced_functions():
     assert len(ops.reducer.traced) == 1
 
 
+def test_bound_copy_chooses_its_own_local_reduction():
+    """The hierarchical step picks its local reduction for the devices it
+    first meets: a bound copy's choice stays the copy's."""
+    ops = tf_crossdevice.HierarchicalCollectiveAllReduce()
+    reducer = ops.reducer
+    bound = ops.with_reducer(reducer.bound(DEVICES, 1, reducer.options(None)))
+    arrays = [np.arange(3, dtype=np.float32) * (d + 1) for d in range(2)]
+    result = bound.reduce("sum", _per_replica(arrays), DEVICES)
+    np.testing.assert_array_equal(result.values[1].numpy(), [0.0, 3.0, 6.0])
+    assert type(bound.reducer.step.local_ops).__name__ == "SpecAllReduce"
+    assert reducer.step.local_ops is None
+
+
 @pytest.mark.parametrize("ops", _collective_ops(), ids=_IDS)
 @pytest.mark.parametrize("shape", [[0], [3, 0]])
 @pytest.mark.parametrize("reduce_op", ["sum", "mean"])

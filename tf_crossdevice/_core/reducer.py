@@ -91,8 +91,9 @@ class Reducer(Protocol):
         per `signature`). `devices` mirrors the result, a device each."""
 
     def gather(self, item: Item, axis: int, options: Any) -> Any:
-        """Every replica's component of `item` concatenated along `axis`,
-        on `item.destinations`, grouped as TensorFlow groups results."""
+        """Every replica's component of `item` concatenated along `axis`
+        (checked with `values.check_gather_axis`), on `item.destinations`,
+        grouped as TensorFlow groups results."""
 
     def replica_all_reduce(
         self, reduce_op: Any, value: Any, replica_id: int, options: Any

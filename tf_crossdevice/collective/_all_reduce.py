@@ -114,6 +114,12 @@ class CollectiveAllReduce(CrossDeviceOpsAdapter):
         options: Any = None,
         compression: str | PowerSGD | None = None,
     ) -> None:
+        # TF 1's order of checks: the workers, the wire, the options and
+        # the keys, then this class's own arguments.
+        num_workers = checks.positive_int(num_workers, "num_workers")
+        wire = WirePolicy.from_compression(compression)
+        options = values.check_options(options)
+        collective_keys = check_collective_keys(collective_keys)
         self.num_gpus_per_worker = checks.non_negative_int(
             num_gpus_per_worker, "num_gpus_per_worker"
         )
@@ -126,10 +132,10 @@ class CollectiveAllReduce(CrossDeviceOpsAdapter):
             CollectiveReducer(
                 type(self).__name__,
                 step,
-                num_workers=checks.positive_int(num_workers, "num_workers"),
-                options=values.check_options(options),
-                collective_keys=check_collective_keys(collective_keys),
-                wire=WirePolicy.from_compression(compression),
+                num_workers=num_workers,
+                options=options,
+                collective_keys=collective_keys,
+                wire=wire,
             )
         )
 

@@ -86,6 +86,8 @@ class HierarchicalCollectiveAllReduce(CrossDeviceOpsAdapter):
         options: Any = None,
         compression: str | PowerSGD | None = None,
     ) -> None:
+        wire = WirePolicy.from_compression(compression)
+        options = values.check_options(options)
         if local_cross_device_ops is not None and not isinstance(
             local_cross_device_ops, tf.distribute.CrossDeviceOps
         ):
@@ -108,9 +110,9 @@ class HierarchicalCollectiveAllReduce(CrossDeviceOpsAdapter):
                 type(self).__name__,
                 HierarchicalStep(local_cross_device_ops),
                 num_workers=1,
-                options=values.check_options(options),
+                options=options,
                 collective_keys=None,
-                wire=WirePolicy.from_compression(compression),
+                wire=wire,
             )
         )
 

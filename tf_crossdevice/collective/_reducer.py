@@ -148,6 +148,9 @@ class CollectiveReducer:
         bound._bound = True
         bound._groups = {}
         bound.traced = {}
+        # A step may keep what it chose for the devices it met (the
+        # hierarchical step's local reduction): each copy chooses for its own.
+        bound.step = copy.copy(self.step)
         return bound
 
     def check_mirrored_strategy(self, name: str) -> None:
@@ -263,6 +266,7 @@ class CollectiveReducer:
 
     def gather(self, item: Item, axis: int, options: Options) -> Any:
         devices = self.devices_for(item)
+        axis = values.check_gather_axis(item, axis)
         group = self.group(devices, len(devices) * self._num_workers)
 
         def run(components: list[Value]) -> list[Value]:

@@ -195,7 +195,6 @@ class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
             "per_replica_value",
             axis,
         )
-        axis = values.check_gather_axis(item, axis)
         return self._reducer.gather(item, axis, options)
 
     def _all_reduce(self, reduce_op, value, replica_id, options):

@@ -82,6 +82,7 @@ class InProcessReducer:
         return fn(args)
 
     def gather(self, item: Item, axis: int, options: Any) -> Any:
+        axis = values.check_gather_axis(item, axis)
         gathered = values.gather_on(item, axis, item.destinations[0])
         return values.regroup(
             [values.copy_value(gathered, d) for d in item.destinations]

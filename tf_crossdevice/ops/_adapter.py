@@ -153,18 +153,22 @@ class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
 
     @no_autograph
     def reduce_implementation(
-        self, reduce_op, per_replica_value, destinations, options
-    ):
+        self,
+        reduce_op: Any,
+        per_replica_value: Any,
+        destinations: Any,
+        options: Any,
+    ) -> Any:
         return self.reduce(reduce_op, per_replica_value, destinations, options)
 
     @no_autograph
     def batch_reduce_implementation(
-        self, reduce_op, value_destination_pairs, options
-    ):
+        self, reduce_op: Any, value_destination_pairs: Any, options: Any
+    ) -> list[Any]:
         return self.batch_reduce(reduce_op, value_destination_pairs, options)
 
     @no_autograph
-    def broadcast_implementation(self, tensor, destinations):
+    def broadcast_implementation(self, tensor: Any, destinations: Any) -> Any:
         component = values.as_component(tensor, "tensor")
         source = (
             values.canonical_device(component.device, "tensor")
@@ -177,7 +181,13 @@ class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
         )
 
     @no_autograph
-    def _gather(self, per_replica_value, destinations, axis, options=None):
+    def _gather(
+        self,
+        per_replica_value: Any,
+        destinations: Any,
+        axis: int,
+        options: Any = None,
+    ) -> Any:
         values.check_options(options)
         return self._gather_implementation(
             per_replica_value, destinations, axis, options
@@ -185,8 +195,8 @@ class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
 
     @no_autograph
     def _gather_implementation(
-        self, per_replica_value, destinations, axis, options
-    ):
+        self, per_replica_value: Any, destinations: Any, axis: int, options: Any
+    ) -> Any:
         checks.integer(axis, "axis")
         options = self._reducer.options(options)
         item = values.make_item(
@@ -197,7 +207,9 @@ class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
         )
         return self._reducer.gather(item, axis, options)
 
-    def _all_reduce(self, reduce_op, value, replica_id, options):
+    def _all_reduce(
+        self, reduce_op: Any, value: Any, replica_id: int, options: Any
+    ) -> Any:
         return self._reducer.replica_all_reduce(
             reduce_op, value, replica_id, options
         )

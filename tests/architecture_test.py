@@ -6,6 +6,7 @@ violation is made in a copy of the tree and must break its contract.
 
 from __future__ import annotations
 
+import ast
 import configparser
 import importlib
 import pathlib
@@ -192,3 +193,72 @@ def test_the_contracts_allow_what_the_folders_import():
     }
     assert _allowed_by_contracts("cluster") == {"_core"}
     assert _allowed_by_contracts("_core") == set()
+
+
+# ---- Sizes and deferred imports ------------------------------------------
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_CODE_LINES = 80
+
+
+def _sources(*roots: str) -> list[pathlib.Path]:
+    return sorted(p for root in roots for p in (ROOT / root).rglob("*.py"))
+
+
+def _functions(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def _code_lines(node: ast.AST, lines: list[str]) -> int:
+    """Lines of code in a function: no docstring, blank or comment line."""
+    body = node.body
+    start = body[0].lineno
+    first = body[0]
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        start = first.end_lineno + 1
+    return sum(
+        1
+        for line in lines[start - 1 : node.end_lineno]
+        if line.strip() and not line.strip().startswith("#")
+    )
+
+
+def test_no_module_of_the_package_is_over_600_lines():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in _sources("tf_crossdevice", "compat")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
+def test_no_function_is_over_80_lines_of_code():
+    long = {}
+    for p in _sources("tf_crossdevice", "compat"):
+        lines = p.read_text().splitlines()
+        for node in _functions(ast.parse("\n".join(lines))):
+            if (n := _code_lines(node, lines)) > MAX_FUNCTION_CODE_LINES:
+                long[f"{p.relative_to(ROOT)}:{node.name}"] = n
+    assert long == {}
+
+
+def test_every_import_inside_a_function_says_why():
+    """An import is deferred only for an optional dependency, start-up
+    time or the like, and a comment on it (or just above) says which."""
+    silent = []
+    for p in _sources("tf_crossdevice", "compat", "benchmarks"):
+        lines = p.read_text().splitlines()
+        for function in _functions(ast.parse("\n".join(lines))):
+            for node in ast.walk(function):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                near = lines[max(0, node.lineno - 5) : node.lineno]
+                if not any("#" in line for line in near):
+                    silent.append(f"{p.relative_to(ROOT)}:{node.lineno}")
+    assert silent == []

@@ -100,5 +100,5 @@ class Reducer(Protocol):
     ) -> Any:
         """One replica's share of a replica-context all-reduce."""
 
-    def check_mirrored_strategy(self, name: str) -> None:
+    def check_mirrored_strategy(self) -> None:
         """Raises where `tf.distribute.MirroredStrategy` must not use it."""

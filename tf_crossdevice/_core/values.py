@@ -65,7 +65,12 @@ class Item:
 
     @property
     def sparse(self) -> bool:
-        return isinstance(self.components[0], tf.IndexedSlices)
+        return is_sparse(self.components[0])
+
+
+def is_sparse(value: Value) -> bool:
+    """Whether `value` is a tf.IndexedSlices (else a dense tensor)."""
+    return isinstance(value, tf.IndexedSlices)
 
 
 def check_reduce_op(reduce_op: Any) -> ReduceOp:

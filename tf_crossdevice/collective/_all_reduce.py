@@ -198,7 +198,7 @@ class FlatStep:
         for keys in launch_units(
             tensors, options.bytes_per_pack, self.merge_scope
         ):
-            if _is_sparse(tensors[keys[0]]):
+            if values.is_sparse(tensors[keys[0]]):
                 out[keys[0]] = all_reduce_sparse(
                     group, index, tensors[keys[0]], options
                 )
@@ -236,7 +236,7 @@ class FlatStep:
             )
         group = _all_members(reducer, reducer.local_devices)
         flat = [
-            v if _is_sparse(v) else tf.convert_to_tensor(v)
+            v if values.is_sparse(v) else tf.convert_to_tensor(v)
             for v in tf.nest.flatten(value)
         ]
         out = self.sum_on_member(reducer, group, replica_id, flat, options)
@@ -264,10 +264,6 @@ def _merged_all_reduce(reduce_op: Any, value: Any, options: Any) -> Any:
         merge_fn, args=(tf.nest.flatten(value),)
     )
     return tf.nest.pack_sequence_as(value, reduced)
-
-
-def _is_sparse(value: Value) -> bool:
-    return isinstance(value, tf.IndexedSlices)
 
 
 def _all_reduce_pack(

@@ -143,7 +143,7 @@ class HierarchicalStep:
         for keys in launch_units(
             [value[0] for value in batch], options.bytes_per_pack, None
         ):
-            if isinstance(batch[keys[0]][0], tf.IndexedSlices):
+            if values.is_sparse(batch[keys[0]][0]):
                 value = batch[keys[0]]
                 local = values.sum_sparse(value, first)
                 with tf.device(first):

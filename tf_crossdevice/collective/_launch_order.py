@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import tensorflow as tf
-
-from tf_crossdevice._core.values import Value
+from tf_crossdevice._core.values import Value, is_sparse
 from tf_crossdevice.packing import plan_packs
 
 
@@ -20,7 +18,7 @@ def launch_units(
     dense value of a dtype in one scope), each IndexedSlices alone; the
     units come in `launch_order`.
     """
-    dense = [k for k, v in enumerate(values) if not _is_sparse(v)]
+    dense = [k for k, v in enumerate(values) if not is_sparse(v)]
     packs = [
         [dense[j] for j in pack]
         for pack in plan_packs(
@@ -29,12 +27,8 @@ def launch_units(
             max(1, len(dense)) if merge_scope is None else merge_scope,
         )
     ]
-    sparse = [[k] for k, v in enumerate(values) if _is_sparse(v)]
+    sparse = [[k] for k, v in enumerate(values) if is_sparse(v)]
     return launch_order([*packs, *sparse])
-
-
-def _is_sparse(value: Value) -> bool:
-    return isinstance(value, tf.IndexedSlices)
 
 
 def launch_order(units: Sequence[list[int]]) -> list[list[int]]:

@@ -126,7 +126,6 @@ class CollectiveReducer:
         self._wire = wire
         self.local_devices: tuple[str, ...] | None = None
         self._strategy_options = values.check_options(None)
-        self._bound = False
         self._groups: dict[tuple[Any, ...], Group] = {}
         self.traced: dict[tuple[Any, ...], Any] = {}
 
@@ -145,7 +144,6 @@ class CollectiveReducer:
         )
         bound._num_workers = num_workers
         bound._strategy_options = strategy_options
-        bound._bound = True
         bound._groups = {}
         bound.traced = {}
         # A step may keep what it chose for the devices it met (the
@@ -153,14 +151,15 @@ class CollectiveReducer:
         bound.step = copy.copy(self.step)
         return bound
 
-    def check_mirrored_strategy(self, name: str) -> None:
+    def check_mirrored_strategy(self) -> None:
         workers = self._num_workers
         enabled = collective_runtime.enabled_cluster()
         if enabled is not None:
             workers = max(workers, enabled.num_workers)
-        if workers > 1 and not self._bound:
+        # Bound (local devices known) means our strategy drives it.
+        if workers > 1 and self.local_devices is None:
             raise ValueError(
-                f"{name} reduces across {workers} worker "
+                f"{self.name} reduces across {workers} worker "
                 "processes, but tf.distribute.MirroredStrategy counts only "
                 "this process's replicas (its num_replicas_in_sync, dataset "
                 "sharding and loss scaling would be wrong). Use "

@@ -129,20 +129,14 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         collective_runtime.wait_for_peers(cluster, timeout)
         self._collective_cluster = cluster
         devices = _local_devices(local_devices, cluster, cross_device_ops)
-        ops = cross_device_ops.with_reducer(
-            reducer.bound(devices, cluster.num_workers, options)
-        )
+        ops = _bound(cross_device_ops, devices, cluster.num_workers, options)
         # The strategy's own reductions on the worker's CPU (the host side
         # of a replica's values), with the same keys.
-        host = CollectiveAllReduce(collective_keys=reducer.keys)
-        host_reducer = _collective_reducer(host)
-        assert host_reducer is not None
-        host = host.with_reducer(
-            host_reducer.bound(
-                [f"{cluster.worker_device}/device:CPU:0"],
-                cluster.num_workers,
-                options,
-            )
+        host = _bound(
+            CollectiveAllReduce(collective_keys=reducer.keys),
+            [f"{cluster.worker_device}/device:CPU:0"],
+            cluster.num_workers,
+            options,
         )
         _Strategy.__init__(
             self,
@@ -323,6 +317,18 @@ def _local_devices(
         raise ValueError(f"local_devices: a device is listed twice: {names}")
     values.check_devices_exist(out, "local_devices")
     return out
+
+
+def _bound(
+    ops: CrossDeviceOpsAdapter,
+    devices: Sequence[str],
+    num_workers: int,
+    options: Options,
+) -> CrossDeviceOpsAdapter:
+    """A copy of a collective class bound to this worker's devices."""
+    reducer = _collective_reducer(ops)
+    assert reducer is not None  # The constructor checked the class.
+    return ops.with_reducer(reducer.bound(devices, num_workers, options))
 
 
 def _collective_reducer(cross_device_ops: Any) -> CollectiveReducer | None:

@@ -16,6 +16,7 @@ compressor when it has one and the sums cross workers.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import tensorflow as tf
@@ -85,7 +86,7 @@ class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
         # reducer MirroredStrategy must not drive (a collective across
         # several workers: MirroredStrategy would count only this process's
         # replicas), so the refusal rides on truth-testing.
-        self._reducer.check_mirrored_strategy(type(self).__name__)
+        self._reducer.check_mirrored_strategy()
         return True
 
     # ---- The public methods MirroredStrategy and users call -------------
@@ -286,11 +287,10 @@ class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
                 if powersgd is None:
                     summed = self._reducer.sum(batch, devices, options)
                 else:
-                    summed = powersgd.sum(
-                        batch,
-                        _bound_sum(self._reducer, devices, options),
-                        devices,
+                    all_sum = functools.partial(
+                        self._reducer.sum, devices=devices, options=options
                     )
+                    summed = powersgd.sum(batch, all_sum, devices)
                 for i, per_device in zip(indices, summed, strict=True):
                     if reduce_op == ReduceOp.MEAN:
                         count = len(devices) * self._reducer.num_workers
@@ -333,15 +333,6 @@ class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
         return values.regroup(
             [values.copy_value(total, d) for d in item.destinations]
         )
-
-
-def _bound_sum(reducer: Reducer, devices: Devices, options: Any) -> Any:
-    """The reducer's sum over `devices`, as PowerSGD's `all_sum`."""
-
-    def all_sum(batch: Batch) -> Batch:
-        return reducer.sum(batch, devices, options)
-
-    return all_sum
 
 
 def wire_of(cross_device_ops: Any) -> Any:

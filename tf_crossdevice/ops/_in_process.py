@@ -95,5 +95,5 @@ class InProcessReducer:
             f"{self.name} reduces in cross-replica context (merge_call) only"
         )
 
-    def check_mirrored_strategy(self, name: str) -> None:
+    def check_mirrored_strategy(self) -> None:
         """Every in-process reducer suits MirroredStrategy."""

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeAlias
 
+from tf_crossdevice import compression
 from tf_crossdevice._core import checks
 
 # The builder registry's names (tf_crossdevice.algorithms._registry, which
@@ -19,7 +20,8 @@ from tf_crossdevice._core import checks
 ALGORITHMS = frozenset(
     {"hierarchical_copy", "nccl", "pscpu", "psgpu", "rechd", "xring"}
 )
-COMPRESSIONS = ("bf16", "fp16")
+# The codecs the model prices: the package's own list.
+COMPRESSIONS = compression.COMPRESSIONS
 ITEMSIZE = {
     "bfloat16": 2,
     "float16": 2,
@@ -119,16 +121,6 @@ def check_config(config: object) -> tuple[str, dict[str, Any]]:
                 f"of {', '.join(sorted(allowed))}"
             )
     return name, {**allowed, **kwargs}
-
-
-def check_compression(value: object) -> str | None:
-    """`value` if it is None or one of `COMPRESSIONS`; else ValueError."""
-    if value is not None and value not in COMPRESSIONS:
-        raise ValueError(
-            f"compression: expected None or one of "
-            f"{', '.join(COMPRESSIONS)}, got {value!r}"
-        )
-    return value
 
 
 class Tensor(NamedTuple):

@@ -26,7 +26,6 @@ from tf_crossdevice.tuning._cost_inputs import (
     PACKING,
     Gradients,
     Tensor,
-    check_compression,
     check_config,
     check_gradients,
 )
@@ -252,7 +251,7 @@ def _step_traffic(
 ) -> Traffic:
     """The busiest worker's counts."""
     workers = n // k
-    compression = check_compression(kwargs.get("compression"))
+    compression = codec.check_compression(kwargs.get("compression"))
     if name in ("SpecAllReduce", "MultiWorkerAllReduce"):
         ranges = spec_lib.parse_all_reduce_spec(
             kwargs["all_reduce_spec"], ALGORITHMS

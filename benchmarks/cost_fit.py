@@ -951,8 +951,18 @@ def _link_rate_blocks(
     recovered = _block(
         HOSTS_PAGE,
         "recovered",
+        (
+            f"| {name} | {getattr(constants, name):.4g} |"
+            for name in cost_model.FIELDS
+        ),
         lowest=min(ratios),
         highest=max(ratios),
+        link=f"{rate / 1e9:g} Gbit/s",
+        overhead=overhead,
+    )
+    rate_check = _block(
+        HOSTS_PAGE,
+        "recovered_rate",
         overhead=overhead,
         link=f"{rate / 1e9:g} Gbit/s",
         payload_rate=payload_rate / 1e9,
@@ -965,9 +975,12 @@ def _link_rate_blocks(
         frame_overhead=FRAME_OVERHEAD,
         rate_tolerance=RATE_TOLERANCE,
         verdict="met" if ok else "not met",
-        **dataclasses.asdict(constants),
     )
-    return [_block(HOSTS_PAGE, "head", table, command=command), recovered]
+    return [
+        _block(HOSTS_PAGE, "head", table, command=command),
+        recovered,
+        rate_check,
+    ]
 
 
 def _held_out_hosts_blocks(

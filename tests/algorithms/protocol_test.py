@@ -42,18 +42,24 @@ def test_byte_groups_partition_in_order_within_the_limit(sizes, max_bytes):
     assert sorted(itertools.chain(*groups)) == list(range(len(sizes)))
     assert [g[0] for g in groups] == sorted(g[0] for g in groups)
     for g in groups:
-        assert g == sorted(g)
+        assert g == list(range(g[0], g[-1] + 1))  # consecutive
         if len(g) > 1:
             assert sum(sizes[k] for k in g) <= max_bytes
         if any(sizes[k] >= max_bytes for k in g):
             assert len(g) == 1
 
 
-def test_byte_groups_close_a_group_only_when_the_next_overflows():
-    # Greedy: [3, 4] fits 8, 1 still fits, the 9 is alone, 2 + 2 + 0 + 1
-    # fill the next group around the 8 that is alone too.
+def test_byte_groups_close_a_group_when_the_next_overflows_or_is_large():
+    # Greedy: [3, 4] fits 8, 1 still fits, the 9 is alone, 2 + 2 stop at
+    # the 8 that is alone too (a group never reaches past it), 0 + 1 last.
     sizes = [3, 4, 1, 9, 2, 2, 8, 0, 1]
-    assert protocol.byte_groups(sizes, 8) == [[0, 1, 2], [3], [4, 5, 7, 8], [6]]
+    assert protocol.byte_groups(sizes, 8) == [
+        [0, 1, 2],
+        [3],
+        [4, 5],
+        [6],
+        [7, 8],
+    ]
 
 
 # The batch of a bound builder, traced (nothing runs): large static shapes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 
 import hypothesis
 import numpy as np
@@ -115,19 +116,19 @@ def test_concat_and_split_plan(infos, num_packs, expected):
     "infos, max_bytes, max_group, expected",
     [
         pytest.param(
-            [(7, 1, "int8"), (8, 1, "int8"), (7, 1, "int8")],
+            [(7, 1, "int8"), (7, 1, "int8"), (8, 1, "int8")],
             7,
             4,
-            [((0, 2), (7, 7), (14,), True), ((1,), (8,), (8,), False)],
+            [((0, 1), (7, 7), (14,), True), ((2,), (8,), (8,), False)],
             id="exactly_max_bytes_eligible_one_more_not",
         ),
         pytest.param(
-            [(2, 4, F32), (2, 8, F64), (2, 4, F32), (1, 8, F64)],
+            [(2, 4, F32), (2, 4, F32), (2, 8, F64), (1, 8, F64)],
             8,
             4,
             [
-                ((0, 2), (2, 2), (4,), True),
-                ((1,), (2,), (2,), False),
+                ((0, 1), (2, 2), (4,), True),
+                ((2,), (2,), (2,), False),
                 ((3,), (1,), (1,), False),
             ],
             id="bytes_not_elements",
@@ -151,15 +152,23 @@ def test_concat_and_split_plan(infos, num_packs, expected):
             id="group_of_one",
         ),
         pytest.param(
-            [(1, 4, F32), (1, 2, F16), (9, 4, F32), (1, 4, F32), (1, 2, F16)],
+            [
+                (1, 4, F32),
+                (1, 4, F32),
+                (9, 4, F32),
+                (1, 4, F32),
+                (1, 2, F16),
+                (1, 2, F16),
+            ],
             8,
             4,
             [
-                ((0, 3), (1, 1), (2,), True),
-                ((1, 4), (1, 1), (2,), True),
+                ((0, 1), (1, 1), (2,), True),
                 ((2,), (9,), (9,), False),
+                ((3,), (1,), (1,), False),
+                ((4, 5), (1, 1), (2,), True),
             ],
-            id="dtype_grouping_across_gaps",
+            id="no_group_across_a_gap_or_a_dtype_change",
         ),
         pytest.param(
             [(0, 4, F32), (0, 4, F32)],
@@ -328,21 +337,24 @@ def test_small_tensor_plan_property(infos, max_bytes, max_group):
     _check_covers_every_element(infos, plan)
     assert [g.members[0] for g in plan] == sorted(g.members[0] for g in plan)
     small = [n * size <= max_bytes for n, size, _ in infos]
-    runs_by_dtype = collections.defaultdict(list)
     for group in plan:
+        members = list(group.members)
         assert len(group.pack_sizes) == 1
-        assert group.concat == (len(group.members) > 1)
-        assert len(group.members) <= max_group
-        if group.concat or small[group.members[0]]:
-            assert all(small[i] for i in group.members)
-            runs_by_dtype[infos[group.members[0]].dtype_key].append(
-                list(group.members)
-            )
-    for dtype_key, runs in runs_by_dtype.items():
-        positions = [i for i, info in enumerate(infos) if info[2] == dtype_key]
-        small_positions = [i for i in positions if small[i]]
-        assert sum(runs, []) == small_positions
-        assert all(len(run) == max_group for run in runs[:-1])
+        assert group.concat == (len(members) > 1)
+        assert len(members) <= max_group
+        # Consecutive positions, small and of one dtype.
+        assert members == list(range(members[0], members[-1] + 1))
+        if group.concat:
+            assert all(small[i] for i in members)
+            assert len({infos[i][2] for i in members}) == 1
+    # Two neighbouring groups would have been one, unless the first is full
+    # or they differ in size class or dtype.
+    for before, after in itertools.pairwise(plan):
+        last, first = before.members[-1], after.members[0]
+        joinable = (
+            small[last] and small[first] and infos[last][2] == infos[first][2]
+        )
+        assert not joinable or len(before.members) == max_group
 
 
 # Packer -------------------------------------------------------------------
@@ -446,21 +458,26 @@ def _expected_packs(arrays, settings):
     if not max_bytes:
         return list(arrays)
     max_group = settings["agg_small_grads_max_group"]
-    runs = [[i] for i, a in enumerate(arrays) if a.nbytes > max_bytes]
-    small = collections.defaultdict(list)
+    # TF 1's extract_ranges: consecutive small arrays of one dtype, cut
+    # into runs of at most max_group.
+    runs: list[list[int]] = []
     for i, a in enumerate(arrays):
-        if a.nbytes <= max_bytes:
-            small[a.dtype].append(i)
-    for positions in small.values():
-        runs.extend(
-            positions[k : k + max_group]
-            for k in range(0, len(positions), max_group)
-        )
+        previous = arrays[i - 1] if i else None
+        if (
+            a.nbytes <= max_bytes
+            and previous is not None
+            and previous.nbytes <= max_bytes
+            and previous.dtype == a.dtype
+            and len(runs[-1]) < max_group
+        ):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
     return [
         arrays[run[0]]
         if len(run) == 1
         else np.concatenate([arrays[i].ravel() for i in run])
-        for run in sorted(runs)
+        for run in runs
     ]
 
 

@@ -95,14 +95,18 @@ GROUP_BYTES = 4 * 2**20
 
 
 def byte_groups(sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
-    """Positions of `sizes` in groups of at most `max_bytes` in total.
+    """Runs of consecutive positions of `sizes`, each of at most
+    `max_bytes` in total.
 
     A size of at least `max_bytes` is a group of its own; the others fill
-    groups in order, a new group starting when the next would overflow.
-    Groups are listed by their first position.
+    groups in order, a new group starting when the next would overflow or
+    a large one comes between. Consecutive, so that a group of gradients
+    waits only for the layers it holds: one reaching back past a large
+    value would hold the last layers' small gradients until the backward
+    pass reaches the first layers.
 
     >>> byte_groups([1, 2, 9, 3, 4, 1], max_bytes=6)
-    [[0, 1, 3], [2], [4, 5]]
+    [[0, 1], [2], [3], [4, 5]]
     >>> byte_groups([6, 5, 1], max_bytes=6)
     [[0], [1, 2]]
     """
@@ -110,17 +114,17 @@ def byte_groups(sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
     current: list[int] = []
     current_bytes = 0
     for k, size in enumerate(sizes):
+        if current and (size >= max_bytes or current_bytes + size > max_bytes):
+            groups.append(current)
+            current, current_bytes = [], 0
         if size >= max_bytes:
             groups.append([k])
             continue
-        if current and current_bytes + size > max_bytes:
-            groups.append(current)
-            current, current_bytes = [], 0
         current.append(k)
         current_bytes += size
     if current:
         groups.append(current)
-    return sorted(groups)
+    return groups
 
 
 def _num_bytes(tensor: tf.Tensor) -> int:

@@ -221,10 +221,13 @@ def small_tensor_plan(
     """Plans small-tensor aggregation.
 
     A tensor of at most `max_bytes` bytes (`num_elements * itemsize`) is
-    small. The small tensors of each dtype, in order, are cut into runs of
-    `max_group` (the last run may be shorter); each run of two or more becomes
-    one concatenated pack. Every other tensor, and every run of one, passes
-    through unchanged. Groups come in the order of their first member.
+    small. Runs of consecutive small tensors of one dtype are cut into runs
+    of at most `max_group` (TF 1's `extract_ranges`); each run of two or
+    more becomes one concatenated pack. Every other tensor, and every run
+    of one, passes through unchanged. Groups come in the order of their
+    first member. Consecutive, as in TF 1: a pack that reached back past a
+    large tensor would hold the last layers' small gradients until the
+    backward pass reaches the first layers, so none of it could overlap.
 
     Args:
         tensors: `(num_elements, itemsize, dtype_key)` for each tensor.
@@ -237,24 +240,31 @@ def small_tensor_plan(
     Raises:
         ValueError: `max_bytes < 1`, `max_group < 1` or a bad size.
 
-    >>> infos = [(1, 4, "float32"), (100, 4, "float32"), (2, 4, "float32")]
+    >>> infos = [(1, 4, "float32"), (2, 4, "float32"), (100, 4, "float32"),
+    ...          (2, 4, "float32")]
     >>> for group in small_tensor_plan(infos, max_bytes=8, max_group=4):
     ...     print(group.members, group.concat)
-    (0, 2) True
-    (1,) False
+    (0, 1) True
+    (2,) False
+    (3,) False
     """
     checks.positive_int(max_bytes, "max_bytes")
     checks.positive_int(max_group, "max_group")
     infos = _as_infos(tensors)
     small = [info.num_elements * info.itemsize <= max_bytes for info in infos]
-    runs = [[i] for i, is_small in enumerate(small) if not is_small]
-    for positions in _positions_by_dtype(infos).values():
-        small_positions = [i for i in positions if small[i]]
-        runs.extend(
-            small_positions[start : start + max_group]
-            for start in range(0, len(small_positions), max_group)
+    runs: list[list[int]] = []
+    for i, info in enumerate(infos):
+        joins = (
+            small[i]
+            and i > 0
+            and small[i - 1]
+            and infos[i - 1].dtype_key == info.dtype_key
+            and len(runs[-1]) < max_group
         )
-    runs.sort(key=lambda run: run[0])
+        if joins:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
     plan = []
     for run in runs:
         sizes = tuple(infos[i].num_elements for i in run)

@@ -94,9 +94,10 @@ def test_one_step_matches_numpy():
     assert np.abs(sums[0][0].numpy() - np.sum(grads[0], 0)).max() > 0.1
     np.testing.assert_array_equal(sums[1][0].numpy(), np.sum(grads[1], 0))
 
-    # The messages: the vector exactly; then one P of all compressed
-    # tensors per replica, 6·2 + 6·2 values; then one Q, 5·2 + 4·2.
-    exact, ps, qs = fake_sum.calls
+    # The messages: one P of all compressed tensors per replica (one
+    # bucket), 6·2 + 6·2 values; then one Q, 5·2 + 4·2; then the vector
+    # exactly.
+    ps, qs, exact = fake_sum.calls
     assert [np.shape(v[0]) for v in exact] == [(7,)]
     q_of = {
         k: orthonormal(initial_q(7, k, s[-1], 2)) for k, s in COMPRESSED.items()
@@ -535,3 +536,27 @@ def test_a_non_finite_step_returns_non_finite_and_leaves_the_state(traced):
         )
     for value, saved in zip(kept, before, strict=True):
         assert not np.array_equal(value.numpy(), saved)
+
+
+def test_buckets_send_each_bucket_in_turn_with_the_same_sums():
+    # 6x5 and 2x(3x4) float64: 240 and 192 bytes. 100-byte buckets: one
+    # tensor each, last first.
+    rng = np.random.default_rng(3)
+    grads = random_grads(rng, SHAPES)
+    compressor = PowerSGD(
+        rank=2, min_compression_size=0, seed=7, bucket_bytes=100
+    )
+    reference = NumpyPowerSGD(COMPRESSED, rank=2, seed=7)
+    fake_sum = RecordingSum()
+    for _ in range(2):  # the second step uses the first one's errors and Q
+        sums = compressor.sum(batch_of(grads), fake_sum)
+        expected = reference.sum(grads)
+        for k in SHAPES:
+            for i in range(REPLICAS):
+                np.testing.assert_allclose(
+                    sums[k][i].numpy(), expected[k], rtol=1e-10, atol=1e-12
+                )
+    # Per step: tensor 2's P (as a 6x4 matrix: 6·2) and Q (4·2), then
+    # tensor 0's P (6·2) and Q (5·2), then the vector.
+    shapes = [[np.shape(v[0]) for v in call] for call in fake_sum.calls[:5]]
+    assert shapes == [[(12,)], [(8,)], [(12,)], [(10,)], [(7,)]]

@@ -49,7 +49,14 @@ Decisions, and why:
   `min_compression_size` elements, whose factors are smaller than the
   matrix ((n + m)·r < n·m with r = min(n, m, rank)). Everything else in a
   batch (vectors, scalars, small tensors, integers, 16-bit floats,
-  IndexedSlices) is summed exactly, in one call of the sum.
+  IndexedSlices) is summed exactly, in one call of the sum, after the
+  factors.
+- Buckets (`bucket_bytes`): the compressed tensors' factors are
+  all-reduced bucket by bucket, last layers first, so that with the
+  collectives (which run in the order they are issued) the first bucket
+  crosses while backpropagation computes the others, as PyTorch's PowerSGD
+  hook compresses each DDP bucket on its own. The errors and Qs of every
+  bucket are updated together, once every Q sum is known finite.
 - State is keyed by position in the batch: the factor Q of every
   compressed tensor and its error, on every replica, live in variables the
   compressor owns (it is a `tf.Module`, so `tf.train.Checkpoint(...,
@@ -132,12 +139,19 @@ class PowerSGD(tf.Module):
         min_compression_size: tensors with fewer elements are summed
             exactly.
         seed: seeds the initial Q (the same on every replica and worker).
+        bucket_bytes: the compressed gradients are all-reduced in buckets
+            of about this many bytes of gradients (each at least that large,
+            the last excepted), last layers first, each bucket's P and Q
+            all-reduces on their own, so that the first bucket crosses while
+            the backward pass computes the rest. The default is PyTorch
+            DDP's bucket size: a few buckets for a large model, so the
+            added collectives cost little; 0 makes one bucket of all.
         name: the module's name.
 
     Raises:
         TypeError: an argument is not an int.
-        ValueError: `rank` < 1, or `start_step` or `min_compression_size`
-            < 0.
+        ValueError: `rank` < 1, or `start_step`, `min_compression_size` or
+            `bucket_bytes` < 0.
 
     >>> PowerSGD(rank=0)
     Traceback (most recent call last):
@@ -151,6 +165,7 @@ class PowerSGD(tf.Module):
         start_step: int = 0,
         min_compression_size: int = 4096,
         seed: int = 0,
+        bucket_bytes: int = 25 << 20,
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)
@@ -160,6 +175,9 @@ class PowerSGD(tf.Module):
             min_compression_size, "min_compression_size"
         )
         self._seed = checks.integer(seed, "seed")
+        self._bucket_bytes = checks.non_negative_int(
+            bucket_bytes, "bucket_bytes"
+        )
         # Every variable is created on first use: building the compressor
         # must not start TensorFlow's runtime, which a multi-worker
         # strategy built after it still has to configure.
@@ -172,7 +190,8 @@ class PowerSGD(tf.Module):
     def __repr__(self) -> str:
         return (
             f"PowerSGD(rank={self._rank}, start_step={self._start_step}, "
-            f"min_compression_size={self._min_size}, seed={self._seed})"
+            f"min_compression_size={self._min_size}, seed={self._seed}, "
+            f"bucket_bytes={self._bucket_bytes})"
         )
 
     @property
@@ -312,9 +331,10 @@ class PowerSGD(tf.Module):
                 this process's replica i; every value has one component
                 per replica.
             all_sum: sums a batch of the same layout over every replica of
-                every worker (an all-reduce; see `AllSum`). Called at most
-                three times: the values summed exactly, the Ps and the Qs
-                (one concatenated tensor per dtype each).
+                every worker (an all-reduce; see `AllSum`). Called for each
+                bucket's Ps and its Qs (one concatenated tensor per dtype
+                each; see `buckets`), then once for the values summed
+                exactly.
             devices: replica i's device, where its error and its part of
                 the computation go; None leaves placement to the caller's
                 scope.
@@ -363,17 +383,17 @@ class PowerSGD(tf.Module):
         self._check_layout(batch, replicas)
         self._create_state(batch, compressed, devices, replicas)
 
-        exact = [k for k in range(len(batch)) if k not in compressed]
-        results: list[Any] = [None] * len(batch)
-        if exact:
-            for k, sums in zip(
-                exact, all_sum([batch[k] for k in exact]), strict=True
-            ):
-                results[k] = sums
         matrices = [batch[k] for k in compressed]
+        buckets = self.buckets([_num_bytes(m[0]) for m in matrices])
 
         def exact_sums() -> list[list[tf.Tensor]]:
-            return [list(v) for v in all_sum(matrices)]
+            sums: list[Any] = [None] * len(matrices)
+            for bucket in buckets:
+                for j, total in zip(
+                    bucket, all_sum([matrices[j] for j in bucket]), strict=True
+                ):
+                    sums[j] = list(total)
+            return sums
 
         def low_rank_sums() -> list[list[tf.Tensor]]:
             return compressed_sums(
@@ -382,6 +402,7 @@ class PowerSGD(tf.Module):
                 [self._matrices[matrix_key(k)] for k in compressed],
                 all_sum,
                 devices,
+                buckets,
             )
 
         if self._start_step == 0:
@@ -390,6 +411,17 @@ class PowerSGD(tf.Module):
             sums = tf.cond(
                 self.step < self._start_step, exact_sums, low_rank_sums
             )
+        # The rest is summed after the factors: a device's collectives run
+        # in the order they are issued, and this sum waits for the first
+        # layers' vectors, so issued first it would hold every bucket until
+        # the backward pass ends. It is small (vectors, small tensors).
+        exact = [k for k in range(len(batch)) if k not in compressed]
+        results: list[Any] = [None] * len(batch)
+        if exact:
+            for k, total in zip(
+                exact, all_sum([batch[k] for k in exact]), strict=True
+            ):
+                results[k] = total
         with tf.control_dependencies(_flat(sums)):
             counted = self.step.assign_add(1)
         # A TF 1 Session that fetches only the sums still counts the step.
@@ -400,6 +432,28 @@ class PowerSGD(tf.Module):
                     for i, t in enumerate(per_replica)
                 ]
         return results
+
+    def buckets(self, num_bytes: Sequence[int]) -> list[list[int]]:
+        """Positions of the compressed tensors, grouped into the buckets
+        their factors are all-reduced in, in that order: taken last
+        position first, a bucket closed once it holds more than
+        `bucket_bytes` (TensorFlow's rule for packs); with `bucket_bytes`
+        0, one bucket. Positions ascend inside a bucket.
+
+        >>> PowerSGD(bucket_bytes=10).buckets([8, 8, 8, 8, 8])
+        [[3, 4], [1, 2], [0]]
+        >>> PowerSGD(bucket_bytes=0).buckets([8, 8, 8])
+        [[0, 1, 2]]
+        """
+        out: list[list[int]] = []
+        size = 0
+        for j in reversed(range(len(num_bytes))):
+            if not out or (self._bucket_bytes and size > self._bucket_bytes):
+                out.append([])
+                size = 0
+            out[-1].append(j)
+            size += num_bytes[j]
+        return [sorted(bucket) for bucket in out]
 
     def _check_layout(self, batch: list[list[Value]], replicas: int) -> None:
         signature = tuple(_spec(value[0]) for value in batch)
@@ -453,6 +507,11 @@ def _describe(signature: Any, replicas: Any) -> str:
         for s in signature
     )
     return f"{len(signature)} values on {replicas} replica(s) [{values}]"
+
+
+def _num_bytes(tensor: tf.Tensor) -> int:
+    # Compressed tensors have fully known shapes (`compresses`).
+    return tensor.shape.num_elements() * tensor.dtype.size
 
 
 def _flat(nested: Any) -> list[tf.Tensor]:

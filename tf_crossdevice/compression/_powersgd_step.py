@@ -1,11 +1,11 @@
 """One compressed PowerSGD step over a batch of matrices (the algorithm and
-the reasons for it are in `_powersgd`'s docstring): every replica's
-P = M Q, all-reduced; P^ and every replica's Q = Mᵀ P^, all-reduced; the
-approximation P^ Qᵀ, and every replica's error and Q updated unless a sum
-is not finite.
+the reasons for it are in `_powersgd`'s docstring): bucket by bucket,
+every replica's P = M Q, all-reduced, then P^ and every replica's
+Q = Mᵀ P^, all-reduced; then the approximations P^ Qᵀ, and every
+replica's error and Q updated unless some sum of any bucket is not finite.
 
-Each all-reduce carries every factor of one dtype, flattened and
-concatenated. Within it, matrices with factors of one shape sit side by
+Each all-reduce carries every factor of one dtype of one bucket, flattened
+and concatenated. Within it, matrices with factors of one shape sit side by
 side, so that their factors are orthogonalised together, in one batch of
 ops instead of one small op per column per matrix.
 """
@@ -72,6 +72,7 @@ def compressed_sums(
     states: list[Matrix],
     all_sum: AllSum,
     devices: Sequence[str] | None,
+    buckets: Sequence[Sequence[int]] | None = None,
 ) -> list[list[tf.Tensor]]:
     """The approximate sums of `matrices` over every replica, updating
     each one's error and Q in `states`.
@@ -81,26 +82,61 @@ def compressed_sums(
         layouts: tensor j's layout as a matrix.
         states: tensor j's variables.
         all_sum: sums a batch over every replica of every worker; called
-            twice, for the Ps and for the Qs.
+            twice per bucket, for its Ps and for its Qs.
         devices: replica i's device, or None for the caller's scope.
+        buckets: positions in `matrices`, every one once; each bucket's
+            factors are all-reduced together, bucket by bucket in this
+            order, so that a bucket of the last layers' gradients crosses
+            while the backward pass computes the others. None: one bucket.
 
     Returns:
         `result[j][i]`: the approximate sum of tensor j, on replica i, once
         the errors and Qs are updated.
     """
-    batch = _Batch(
-        matrices,
-        layouts,
-        states,
-        [[state.q, *state.q_copies] for state in states],
-        devices,
-        _groups(matrices, layouts),
-    )
+    if buckets is None:
+        buckets = [range(len(matrices))]
+    exchanges = [
+        _exchange(
+            _Batch(
+                [matrices[j] for j in bucket],
+                [layouts[j] for j in bucket],
+                [states[j] for j in bucket],
+                [[states[j].q, *states[j].q_copies] for j in bucket],
+                devices,
+                _groups(
+                    [matrices[j] for j in bucket], [layouts[j] for j in bucket]
+                ),
+            ),
+            all_sum,
+        )
+        for bucket in buckets
+    ]
+    results: list[list[tf.Tensor]] = [[] for _ in matrices]
+    for bucket, sums in zip(buckets, _approximations(exchanges), strict=True):
+        for j, total in zip(bucket, sums, strict=True):
+            results[j] = total
+    return results
+
+
+@dataclasses.dataclass(frozen=True)
+class _Exchange:
+    """One bucket after its two all-reduces: what the approximation and
+    the state updates need."""
+
+    batch: _Batch
+    q_sums: list[list[tf.Tensor]]
+    p_hat: _PerReplica
+    q_local: _PerReplica
+    m_of: _PerReplica
+
+
+def _exchange(batch: _Batch, all_sum: AllSum) -> _Exchange:
+    """The bucket's Ps all-reduced, orthogonalised, and its Qs all-reduced."""
     m_of, p_local = _local_products(batch)
     p_sums = _all_sum_by_group(batch, p_local, all_sum)
     p_hat, q_local = _orthogonalized(batch, p_sums, m_of)
     q_sums = _all_sum_by_group(batch, q_local, all_sum)
-    return _approximations(batch, q_sums, p_hat, q_local, m_of)
+    return _Exchange(batch, q_sums, p_hat, q_local, m_of)
 
 
 def _groups(
@@ -202,55 +238,68 @@ def _orthogonalized(
 
 
 def _approximations(
-    batch: _Batch,
-    q_sums: list[list[tf.Tensor]],
-    p_hat: _PerReplica,
-    q_local: _PerReplica,
-    m_of: _PerReplica,
-) -> list[list[tf.Tensor]]:
-    """Every replica's P^ Qᵀ in its tensor's shape, once its errors and
-    Qs are updated (or left alone, if a summed Q is not finite)."""
-    results: list[list[tf.Tensor]] = [
-        [None] * batch.replicas
-        for _ in batch.matrices  # type: ignore[list-item]
-    ]
+    exchanges: list[_Exchange],
+) -> list[list[list[tf.Tensor]]]:
+    """Every bucket's P^ Qᵀ on every replica, in its tensors' shapes, once
+    every bucket's errors and Qs are updated (or all left alone, if any
+    summed Q is not finite): `result[b][j][i]`."""
+    replicas = exchanges[0].batch.replicas
+    devices = exchanges[0].batch.devices
+    results = [[[None] * replicas for _ in e.batch.matrices] for e in exchanges]
     done = []
-    for i in range(batch.replicas):
-        with replica_device(batch.devices, i):
+    for i in range(replicas):
+        with replica_device(devices, i):
             # A non-finite gradient anywhere makes some summed Q (the
             # same on every replica) non-finite, and its sum too: an
             # optimizer with loss scaling skips that step, and so does
-            # the state, which would otherwise stay non-finite for good.
+            # the state of every bucket, which would otherwise stay
+            # non-finite for good.
             finite = tf.reduce_all(
-                [tf.reduce_all(tf.math.is_finite(s[i])) for s in q_sums]
+                [
+                    tf.reduce_all(tf.math.is_finite(s[i]))
+                    for e in exchanges
+                    for s in e.q_sums
+                ]
             )
-            kept = []
-            for group, sums in zip(batch.groups, q_sums, strict=True):
-                parts = _split(
-                    sums[i],
-                    [batch.layouts[j].m * batch.layouts[j].r for j in group],
-                )
-                for j, part in zip(group, parts, strict=True):
-                    shape, _, m, r = batch.layouts[j]
-                    q_sum = tf.reshape(part, (m, r))
-                    approx = tf.matmul(p_hat[j, i], q_sum, transpose_b=True)
-                    results[j][i] = tf.reshape(approx, shape)
-                    # The replica's own residual: see the module
-                    # docstring (the errors add up to sum M - M^).
-                    sent = tf.matmul(
-                        p_hat[j, i], q_local[j, i], transpose_b=True
-                    )
-                    kept.append((batch.states[j].errors[i], m_of[j, i] - sent))
-                    kept.append((batch.qs[j][i], q_sum))
+            kept: list[tuple[tf.Variable, tf.Tensor]] = []
+            for e, out in zip(exchanges, results, strict=True):
+                kept += _approximate_on(e, i, out)
             done.append(_assign_if(finite, kept))
     with tf.control_dependencies(done):
         return [
             [
-                on_replica(batch.devices, i, tf.identity, t)
-                for i, t in enumerate(v)
+                [
+                    on_replica(devices, i, tf.identity, t)
+                    for i, t in enumerate(v)
+                ]
+                for v in out
             ]
-            for v in results
+            for out in results
         ]
+
+
+def _approximate_on(
+    e: _Exchange, i: int, out: list[list[Any]]
+) -> list[tuple[tf.Variable, tf.Tensor]]:
+    """Replica i's approximations of one bucket, into `out[j][i]`; returns
+    the (variable, value) pairs that update its errors and Qs."""
+    batch = e.batch
+    kept = []
+    for group, sums in zip(batch.groups, e.q_sums, strict=True):
+        parts = _split(
+            sums[i], [batch.layouts[j].m * batch.layouts[j].r for j in group]
+        )
+        for j, part in zip(group, parts, strict=True):
+            shape, _, m, r = batch.layouts[j]
+            q_sum = tf.reshape(part, (m, r))
+            approx = tf.matmul(e.p_hat[j, i], q_sum, transpose_b=True)
+            out[j][i] = tf.reshape(approx, shape)
+            # The replica's own residual: see the module docstring (the
+            # errors add up to sum M - M^).
+            sent = tf.matmul(e.p_hat[j, i], e.q_local[j, i], transpose_b=True)
+            kept.append((batch.states[j].errors[i], e.m_of[j, i] - sent))
+            kept.append((batch.qs[j][i], q_sum))
+    return kept
 
 
 def _assign_if(

@@ -72,8 +72,8 @@ class WirePolicy:
     True
     >>> WirePolicy.from_compression("bf16").codec
     'bf16'
-    >>> WirePolicy.from_compression(PowerSGD(rank=2)).compression
-    PowerSGD(rank=2, start_step=0, min_compression_size=4096, seed=0)
+    >>> WirePolicy.from_compression(PowerSGD(rank=2)).powersgd.rank
+    2
     >>> task0, task1 = "/job:w/task:0/cpu:0", "/job:w/task:1/cpu:0"
     >>> WirePolicy().crosses(task0, task1), WirePolicy().crosses(task0, task0)
     (True, False)

@@ -97,6 +97,13 @@ def define_flags() -> None:
         ["resnet50", "many_small"],
         "Sets across worker processes (resnet50, bert_base, many_small).",
     )
+    flags.DEFINE_list(
+        "pack_sizes_kib",
+        [],
+        "Pack sizes (KiB) the between-graph collectives run with, "
+        "TensorFlow's strategy and ours, besides each class's own packing "
+        "(default: 4 MiB and 32 MiB for TensorFlow's, 4 MiB for ours).",
+    )
     flags.DEFINE_integer("rounds", 7, "Timing rounds.", lower_bound=1)
     flags.DEFINE_float(
         "target_seconds", 0.05, "Seconds per measurement.", lower_bound=0
@@ -218,6 +225,12 @@ def main(argv: list[str]) -> int:
     local_devices = [int(v) for v in FLAGS.local_devices]
     emulated = [int(v) for v in FLAGS.emulated_hosts]
     training_hosts = [int(v) for v in FLAGS.training_hosts]
+    pack_sizes = [int(v) << 10 for v in FLAGS.pack_sizes_kib]
+    if any(size <= 0 for size in pack_sizes):
+        raise app.UsageError(
+            f"--pack_sizes_kib: expected positive integers, got "
+            f"{','.join(FLAGS.pack_sizes_kib)}"
+        )
     if emulated or training_hosts:
         try:
             hosts_lib.parse_rate(FLAGS.link_rate)
@@ -255,9 +268,9 @@ def main(argv: list[str]) -> int:
     ]
     across_candidates = {
         (w.name, p): candidates_lib.multi_worker_candidates(
-            w, FLAGS.quick, num_workers=p
+            w, FLAGS.quick, num_workers=p, pack_sizes=pack_sizes
         )
-        + candidates_lib.strategy_candidates(FLAGS.quick)
+        + candidates_lib.strategy_candidates(FLAGS.quick, pack_sizes)
         for w in across
         for p in {*workers, *emulated}
     }

@@ -302,9 +302,11 @@ def multi_worker_candidates(
     workload: workloads_lib.Workload,
     quick: bool = False,
     num_workers: int = 2,
+    pack_sizes: Sequence[int] = (),
 ) -> list[Candidate]:
     """The candidates across `num_workers` worker processes (one CPU
-    replica each).
+    replica each). TensorFlow's strategy runs RING with each of
+    `pack_sizes` (bytes; none given: MWMS_BYTES_PER_PACK).
 
     Ours run in one client driving the workers (MultiWorkerAllReduce from
     `_ours(num_workers)`, MULTI_WORKER_DEFAULT_SPEC first, each setting
@@ -323,10 +325,10 @@ def multi_worker_candidates(
         Candidate("TF MWMS default", "tf", "mwms"),
         Candidate("TF MWMS RING", "tf", "mwms", {"implementation": "RING"}),
     ]
-    for size in () if quick else MWMS_BYTES_PER_PACK:
+    for size in () if quick else (pack_sizes or MWMS_BYTES_PER_PACK):
         out.append(
             Candidate(
-                f"TF MWMS RING bytes_per_pack={size >> 20}MiB",
+                f"TF MWMS RING{_pack_label(size)}",
                 "tf",
                 "mwms",
                 {"implementation": "RING", "bytes_per_pack": size},
@@ -375,12 +377,15 @@ def _packing(c: Candidate) -> dict[str, Any]:
     return {k: v for k, v in c.kwargs.items() if k != "all_reduce_spec"}
 
 
-def strategy_candidates(quick: bool = False) -> list[Candidate]:
+def strategy_candidates(
+    quick: bool = False, pack_sizes: Sequence[int] = ()
+) -> list[Candidate]:
     """Ours between-graph ("ours_mwms"): CollectiveAllReduce and
     HierarchicalCollectiveAllReduce in tf_crossdevice's
     MultiWorkerMirroredStrategy, one process per worker with k local
-    devices, each class with the grid's pack sizes (less
-    STRATEGY_LEFT_OUT_BYTES_PER_PACK) and, unless `quick`, wire compression
+    devices, each class with its own packing and the grid's pack sizes
+    (less STRATEGY_LEFT_OUT_BYTES_PER_PACK), or with `pack_sizes` (bytes)
+    when given, and, unless `quick`, wire compression
     (each of COMPRESSIONS; the class's own packing). `quick`: the class's
     own packing only.
 
@@ -396,13 +401,18 @@ def strategy_candidates(quick: bool = False) -> list[Candidate]:
     grid = cost_model.candidates(num_workers=2, devices_per_worker=1)
     out = []
     for ops in STRATEGY_OPS:
-        settings: list[tuple[str, dict[str, Any]]] = []
-        for name, kwargs in grid:
-            size = (kwargs.get("options") or {}).get("bytes_per_pack", 0)
-            if name != ops or size in STRATEGY_LEFT_OUT_BYTES_PER_PACK:
-                continue
-            label = f" bytes_per_pack={size >> 20}MiB" if size else ""
-            settings.append((label, {"bytes_per_pack": size}))
+        sizes = [
+            (kwargs.get("options") or {}).get("bytes_per_pack", 0)
+            for name, kwargs in grid
+            if name == ops
+        ]
+        if pack_sizes:
+            sizes = [0, *pack_sizes]
+        settings: list[tuple[str, dict[str, Any]]] = [
+            (_pack_label(size), {"bytes_per_pack": size})
+            for size in sizes
+            if pack_sizes or size not in STRATEGY_LEFT_OUT_BYTES_PER_PACK
+        ]
         for codec in COMPRESSIONS:
             settings.append(
                 (
@@ -423,6 +433,15 @@ def strategy_candidates(quick: bool = False) -> list[Candidate]:
                 )
             )
     return [c for c in out if _kept(c, quick)]
+
+
+def _pack_label(size: int) -> str:
+    """' bytes_per_pack=4MiB' (KiB below a MiB); '' for the class's own."""
+    if not size:
+        return ""
+    if size % (1 << 20) == 0:
+        return f" bytes_per_pack={size >> 20}MiB"
+    return f" bytes_per_pack={size >> 10}KiB"
 
 
 def _compile(patterns: str) -> list[re.Pattern[str]]:

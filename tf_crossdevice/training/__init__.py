@@ -1,4 +1,5 @@
-"""Training-loop helpers: traffic between replicas, and preemption.
+"""Training-loop helpers: traffic between replicas, preemption, a step's
+timeline.
 
 `_accumulate` holds `GradientAccumulator`: `k` micro-batches per
 all-reduce (gradient accumulation), so that the wire between hosts carries
@@ -8,12 +9,41 @@ all-reduce (gradient accumulation), so that the wire between hosts carries
 one stop step that every worker agrees on (through a tiny all-reduce), so
 that they all save a checkpoint at that step and leave cleanly.
 
-May import: `_core`, `cluster`. Through TensorFlow's public API it works
-with any strategy and CrossDeviceOps of the package (it needs none of them
-by name).
+`_timeline` holds `profile_step`: one step recorded by TensorFlow's
+profiler, every op of every host thread (the forward and backward passes
+beside each pack's all-reduce), as Chrome trace events that Perfetto UI,
+chrome://tracing and TensorBoard's profile plugin open offline;
+`write_trace` and `merge_traces` write one worker's file and join several
+workers' into one, and `summarize_trace` reads back the all-reduce's share
+of the step (the union of the collective ops' intervals over its wall time).
+
+May import: `_core`, `cluster`. Through TensorFlow's public API (and, for
+the timeline, the profiler's file format) it works with any strategy and
+CrossDeviceOps of the package (it needs none of them by name).
 """
 
 from tf_crossdevice.training._accumulate import GradientAccumulator
 from tf_crossdevice.training._preemption import PreemptionWatcher
+from tf_crossdevice.training._timeline import (
+    COLLECTIVE_OPS,
+    STEP_EVENT,
+    StepProfile,
+    StepSummary,
+    merge_traces,
+    profile_step,
+    summarize_trace,
+    write_trace,
+)
 
-__all__ = ["GradientAccumulator", "PreemptionWatcher"]
+__all__ = [
+    "COLLECTIVE_OPS",
+    "GradientAccumulator",
+    "PreemptionWatcher",
+    "STEP_EVENT",
+    "StepProfile",
+    "StepSummary",
+    "merge_traces",
+    "profile_step",
+    "summarize_trace",
+    "write_trace",
+]

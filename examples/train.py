@@ -175,8 +175,9 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
     import tf_crossdevice
 
     powersgd = tf_crossdevice.ops.wire_of(ops).powersgd
+    values = v.flag_values_dict()
     return train_loops.Config(
-        loop=train_flags.loop_of(v.flag_values_dict()),
+        loop=train_flags.loop_of(values),
         model=v.model,
         depth=v.depth,
         width=v.width,
@@ -190,6 +191,10 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
         timeout_seconds=v.timeout_seconds,
         compression_state=powersgd,
         timing_steps=v.timing_steps,
+        timeline=v.timeline,
+        timeline_step=v.timeline_step,
+        worker=train_flags.worker_rank(values),
+        num_workers=train_flags.num_workers_of(values),
     )
 
 

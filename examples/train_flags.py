@@ -311,6 +311,33 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         lower_bound=0,
         flag_values=fv,
     )
+    d.DEFINE_string(
+        "timeline",
+        "",
+        "If set, a PATH.json: every worker traces step --timeline_step with "
+        "TensorFlow's profiler (each op of each thread: the forward and "
+        "backward passes beside each pack's all-reduce) into a Chrome "
+        "trace-event file, PATH with .worker<i> before .json when there "
+        "are several workers; the chief merges the files it can read (the "
+        "workers on its machine) into PATH, for Perfetto UI, "
+        "chrome://tracing or TensorBoard's profile plugin, offline. It adds "
+        "the TensorBoard scalars timeline/all_reduce_share (the collective "
+        "ops' share of the chief's step) and timeline/sent_bytes_per_second "
+        "(bytes the chief's host sent on its interfaces other than "
+        "loopback during the step, over its wall time: 0 where the workers "
+        "share one machine's loopback). --mode=collective or mirrored. "
+        "Profiling and writing slow the traced step, and its progress "
+        "line's step time with it.",
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "timeline_step",
+        3,
+        "With --timeline: the step to trace (counted from 1; the first "
+        "steps trace the step function and warm up).",
+        lower_bound=1,
+        flag_values=fv,
+    )
     d.DEFINE_integer(
         "log_every",
         40,
@@ -506,6 +533,19 @@ def num_workers_of(v: dict[str, Any]) -> int:
     if cluster is None:
         return v["num_workers"]
     return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+
+
+def worker_rank(v: dict[str, Any]) -> int:
+    """This worker's index among the workers of num_workers_of: the chief
+    first, then the workers by task index (0 where the process is the only
+    worker or the job's launcher)."""
+    job, index = task_of(v)
+    cluster, _ = cluster_of(v)
+    if v["mode"] == "mirrored" or cluster is None or index is None:
+        return 0
+    if job == "chief":
+        return index
+    return len(cluster.get("chief", [])) + index
 
 
 def num_local_gpus() -> int:
@@ -739,10 +779,40 @@ def check_flags(v: dict[str, Any]) -> None:
             f"--accumulation_steps={k} micro-batches over {replicas} "
             f"replicas ({how}); use a multiple of {replicas * k}"
         )
+    _check_timeline(v)
     if loop == "fit" and v["epochs"] == 0 and v["steps"] % v["log_every"]:
         raise flags.ValidationError(
             f"--steps: with --loop=fit, {v['steps']} must be a multiple of "
             f"--log_every={v['log_every']} (one Keras epoch per progress line)"
+        )
+
+
+def _check_timeline(v: dict[str, Any]) -> None:
+    """--timeline and --timeline_step."""
+    path, mode = v["timeline"], v["mode"]
+    if not path:
+        return
+    if mode == "in_graph":
+        raise flags.ValidationError(
+            "--timeline: traces the workers of --mode=collective or "
+            "mirrored; with --mode=in_graph the step's ops run in worker "
+            "servers, which the controller's profiler does not see (trace "
+            "the same training with --mode=collective)"
+        )
+    if not path.endswith(".json"):
+        raise flags.ValidationError(
+            f"--timeline: {path!r} should end in .json (a Chrome "
+            "trace-event file; several workers write PATH.worker<i>.json)"
+        )
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise flags.ValidationError(
+            f"--timeline: {path!r} is in no existing folder ({folder})"
+        )
+    if v["epochs"] == 0 and v["timeline_step"] > v["steps"]:
+        raise flags.ValidationError(
+            f"--timeline_step: {v['timeline_step']} is after the last step "
+            f"(--steps={v['steps']}); trace one of steps 1 to {v['steps']}"
         )
 
 
@@ -752,7 +822,7 @@ def _register_validators(fv: flags.FlagValues) -> None:
         "cluster_spec", "num_workers", "devices_per_worker",
         "cross_device_ops", "all_reduce_spec", "compression", "batch_size",
         "steps", "epochs", "log_every", "accumulation_steps", "timing_steps",
-        "link_rate",
+        "link_rate", "timeline", "timeline_step",
     ]  # fmt: skip
 
     def validate(values: dict[str, Any]) -> bool:

@@ -15,12 +15,18 @@ On SIGTERM (a preemption) to any worker, or to the in-graph controller,
 every worker stops at one agreed step
 (`tf_crossdevice.training.PreemptionWatcher`), saves a checkpoint there and
 returns; the next run resumes from it, mid-epoch in model.fit too.
+
+With --timeline, every worker of `train_with_strategy` profiles one step
+(`tf_crossdevice.training.profile_step`) and writes its trace; after
+training, when every worker has written its own, the chief merges those on
+its machine (train_report.timeline_report).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import time
@@ -67,6 +73,12 @@ class Config:
     # In-graph: the first worker's CPU clock, where the controller started
     # that worker (None: not known here).
     worker_cpu_seconds: Callable[[], float] | None = None
+    # --timeline: the trace's path ("": none) and the step it traces; this
+    # worker's index among the job's workers (the file's name).
+    timeline: str = ""
+    timeline_step: int = 0
+    worker: int = 0
+    num_workers: int = 1
 
 
 def build_model(config: Config, data: train_data.Data) -> keras.Model:
@@ -134,6 +146,7 @@ def train_with_strategy(
 
 def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     global_batch = config.batch_size
+    since_us = time.time() * 1e6  # A trace written later is this run's.
     with strategy.scope():
         model = build_model(config, data)
         optimizer = keras.optimizers.SGD(
@@ -176,6 +189,7 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         os.path.join(config.model_dir, "train") if is_chief else None,
         verbose=is_chief,
     )
+    timeline = _Timeline(config, reporter)
 
     # Each worker's PowerSGD state differs (its replicas' errors): every
     # worker keeps its own, in a folder of its own.
@@ -206,7 +220,7 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     if start < config.steps:
         if config.loop == "fit":
             stopped = _fit(model, dataset, config, start, reporter, save,
-                           watcher)  # fmt: skip
+                           watcher, timeline)  # fmt: skip
         else:
             loop = (
                 _accumulating_loop
@@ -214,8 +228,9 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
                 else _custom_loop
             )
             batches = dataset(start, config.steps, config.accumulation_steps)
+            steps = loop(strategy, model, optimizer, batches, config)
             stopped = _log_and_save(
-                loop(strategy, model, optimizer, batches, config),
+                timeline.trace(steps, start),
                 start, config, global_batch, reporter, save, watcher,
             )  # fmt: skip
     if stopped is not None:
@@ -225,7 +240,10 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
             _remove_scratch(save_dir)
         return ""
 
+    # A gather from every worker: each has written its trace by now.
     replicas_equal = _replicas_equal(strategy, model)
+    if is_chief:
+        timeline.report(start, since_us)
     weights = [np.asarray(v.numpy()) for v in model.weights]
     eval_accuracy = _eval_accuracy(lambda x: model(x, training=False), data)
     reporter.write_eval(config.steps, eval_accuracy)
@@ -322,9 +340,11 @@ def _remove_scratch(save_dir: str) -> None:
         os.rmdir(os.path.dirname(save_dir))
 
 
-def _fit(model, dataset, config, start, reporter, save, watcher) -> int | None:
+def _fit(
+    model, dataset, config, start, reporter, save, watcher, timeline
+) -> int | None:
     """model.fit, one Keras epoch per progress line; the step it stopped at
-    when preempted, else None.
+    when preempted, else None. `timeline` profiles its step.
 
     A run that resumes from a preemption mid-epoch first fits the rest of
     that epoch alone, on the batches from its step on.
@@ -333,8 +353,16 @@ def _fit(model, dataset, config, start, reporter, save, watcher) -> int | None:
     class Progress(keras.callbacks.Callback):
         step = start
         stopped = None
+        tracing = contextlib.ExitStack()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if timeline.wants(self.step + 1):
+                self.tracing.enter_context(timeline.profiling(self.step + 1))
 
         def on_train_batch_end(self, batch, logs=None):
+            if timeline.wants(self.step + 1):
+                float(logs["loss"])  # Waits for the step's ops.
+                self.tracing.close()
             self.step += 1
             reporter.step_done()
             if self.step < config.steps and watcher.should_stop():
@@ -371,6 +399,82 @@ def _fit(model, dataset, config, start, reporter, save, watcher) -> int | None:
         verbose=0,
     )
     return progress.stopped
+
+
+class _Timeline:
+    """--timeline: profiles step `config.timeline_step` of this worker,
+    writes its trace and, on the chief, the step's scalars; after training,
+    the chief reports (train_report.timeline_report)."""
+
+    def __init__(self, config: Config, reporter: train_report.Reporter):
+        self.config = config
+        self.reporter = reporter
+
+    def wants(self, step: int) -> bool:
+        """Whether step `step` (counted from 1) is the one to trace."""
+        return bool(self.config.timeline) and step == self.config.timeline_step
+
+    @contextlib.contextmanager
+    def profiling(self, step: int) -> Iterator[None]:
+        """Profiles the block (step `step`, finished when the block ends),
+        then writes the trace and the scalars."""
+        config = self.config
+        # TensorFlow's own profile, for TensorBoard's profile plugin: one
+        # run per worker (workers on one machine share a host name).
+        keep = os.path.join(
+            config.model_dir, "plugins", "profile",
+            f"step{step}_worker{config.worker}",
+        )  # fmt: skip
+        with tf_crossdevice.training.profile_step(
+            f"worker {config.worker}", profile_dir=keep
+        ) as profile:
+            yield
+        summary = train_report.save_timeline(
+            profile, config.timeline, step, config.worker, config.num_workers
+        )
+        self.reporter.write_timeline(
+            step, summary, profile.sent_bytes_per_second
+        )
+
+    def trace(
+        self, steps: Iterable[tuple[Any, Any]], start: int
+    ) -> Iterator[tuple[Any, Any]]:
+        """`steps` (each a step's loss and correct count, from step
+        `start` + 1 on), the one to trace profiled."""
+        iterator = iter(steps)
+        for step in itertools.count(start + 1):
+            if self.wants(step):
+                with self.profiling(step):
+                    done = next(iterator, None)
+                    if done is not None:
+                        float(done[0])  # Waits for the step's ops.
+            else:
+                done = next(iterator, None)
+            if done is None:
+                return
+            yield done
+
+    def report(self, start: int, since_us: float) -> None:
+        """The chief's report, once every worker has traced the step."""
+        config = self.config
+        if not config.timeline:
+            return
+        if not start < config.timeline_step <= config.steps:
+            print(
+                f"--timeline: step {config.timeline_step} is not among the "
+                f"steps {start + 1} to {config.steps} of this run; nothing "
+                "traced",
+                flush=True,
+            )
+            return
+        lines = train_report.timeline_report(
+            config.timeline,
+            config.timeline_step,
+            config.num_workers,
+            since_us,
+            config.model_dir,
+        )
+        print("\n".join(lines), flush=True)
 
 
 def _custom_loop(

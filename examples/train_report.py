@@ -1,15 +1,21 @@
-"""Progress lines, TensorBoard scalars and the closing summary of the job."""
+"""Progress lines, TensorBoard scalars and the closing summary of the job,
+and its --timeline files."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import train_timing
 from tensorflow.core.framework import summary_pb2
+
+import tf_crossdevice
 
 RULE = "-" * 64
 # TensorBoard's scalar plugin reads summaries with this metadata. Written
@@ -132,6 +138,25 @@ class Reporter:
         wall = self._step_ends[last] - self._step_ends[1]
         return (self._step_cpu[last] - self._step_cpu[1]) / wall
 
+    def write_timeline(
+        self,
+        step: int,
+        summary: tf_crossdevice.training.StepSummary,
+        sent_bytes_per_second: float | None,
+    ) -> None:
+        """The scalars of the traced step `step` (--timeline): the
+        collective ops' share of it, where any ran (an in-process
+        reduction runs ordinary ops, which it cannot count), and the bytes
+        this host sent per second, where they were counted."""
+        if self._writer is None:
+            return
+        with self._writer.as_default(step=step):
+            if summary.collective_ops:
+                _scalar("timeline/all_reduce_share", summary.all_reduce_share)
+            if sent_bytes_per_second is not None:
+                _scalar("timeline/sent_bytes_per_second", sent_bytes_per_second)
+        self._writer.flush()
+
     def write_eval(self, step: int, accuracy: float) -> None:
         if self._writer is not None:
             with self._writer.as_default(step=step):
@@ -180,3 +205,127 @@ def summary(
             RULE,
         ]
     )
+
+
+# ---- --timeline -------------------------------------------------------------
+
+VIEWERS = (
+    "open it offline in Perfetto UI (ui.perfetto.dev, Open trace file) or "
+    "Chromium's chrome://tracing (Load); TensorBoard's profile plugin "
+    "(pip install tensorboard-plugin-profile) shows the same step from "
+    "{model_dir}/plugins/profile (tensorboard --logdir={model_dir}, "
+    "Profile tab)"
+)
+
+
+def timeline_file(path: str, worker: int, num_workers: int) -> str:
+    """Where worker `worker` of `num_workers` writes its --timeline trace:
+    `path` itself for one worker, else with .worker<i> before .json.
+
+    >>> timeline_file("/tmp/step.json", 0, 1)
+    '/tmp/step.json'
+    >>> timeline_file("/tmp/step.json", 1, 2)
+    '/tmp/step.worker1.json'
+    """
+    if num_workers == 1:
+        return path
+    return f"{path[: -len('.json')]}.worker{worker}.json"
+
+
+def save_timeline(
+    profile: tf_crossdevice.training.StepProfile,
+    path: str,
+    step: int,
+    worker: int,
+    num_workers: int,
+) -> tf_crossdevice.training.StepSummary:
+    """Writes this worker's trace of step `step`; the step's summary.
+
+    The file keeps what the chief's report needs besides the events: the
+    step's start (to tell this run's file from an older one at the same
+    path) and the bytes this host sent.
+    """
+    (summary,) = tf_crossdevice.training.summarize_trace(profile.events)
+    tf_crossdevice.training.write_trace(
+        timeline_file(path, worker, num_workers),
+        profile.events,
+        {
+            "worker": worker,
+            "step": step,
+            "step_start_us": profile.start_us,
+            "wall_seconds": profile.wall_seconds,
+            "sent_bytes": profile.sent_bytes,
+            "sent_bytes_per_second": profile.sent_bytes_per_second,
+        },
+    )
+    return summary
+
+
+def timeline_report(
+    path: str, step: int, num_workers: int, since_us: float, model_dir: str
+) -> list[str]:
+    """The chief's lines on the traced step, after every worker traced it.
+
+    Reads each worker's file written since `since_us` (wall clock, µs):
+    those of the workers on this machine. With several workers, merges
+    them into `path`; a worker whose file is elsewhere is named with where
+    its own machine has it.
+    """
+    found: dict[int, str] = {}
+    lines = []
+    for worker in range(num_workers):
+        file = timeline_file(path, worker, num_workers)
+        other = _other_data(file)
+        if other is None or other.get("step_start_us", 0) < since_us:
+            lines.append(
+                f"  worker {worker}: no trace of this run at {file} on this "
+                "machine (it is on the worker's own machine; copy it here "
+                "and join them with tf_crossdevice.training.merge_traces)"
+            )
+            continue
+        found[worker] = file
+        with open(file) as f:
+            events = json.load(f)["traceEvents"]
+        (summary,) = tf_crossdevice.training.summarize_trace(events)
+        lines.append(_timeline_line(worker, summary, other))
+    if not found:
+        return [f"--timeline: no trace of step {step} found", *lines]
+    if num_workers > 1:
+        tf_crossdevice.training.merge_traces(found, path)
+    merged = ", ".join(str(w) for w in found)
+    what = f"workers {merged} merged" if num_workers > 1 else "1 worker"
+    viewers = VIEWERS.format(model_dir=model_dir)
+    return [f"timeline of step {step}: {path} ({what}); {viewers}", *lines]
+
+
+def _other_data(file: str) -> dict[str, Any] | None:
+    """A trace file's otherData; None where there is no such file."""
+    if not os.path.exists(file):
+        return None
+    with open(file) as f:
+        return json.load(f).get("otherData", {})
+
+
+def _timeline_line(
+    worker: int,
+    summary: tf_crossdevice.training.StepSummary,
+    other: dict[str, Any],
+) -> str:
+    step = f"  worker {worker}: {summary.step_us / 1e3:.1f} ms step; "
+    if summary.collective_ops:
+        share = (
+            f"collective ops {summary.all_reduce_share:.1%} of it "
+            f"({summary.collective_ops} ops)"
+        )
+    else:
+        share = (
+            "no collective op ran (an in-process reduction runs ordinary "
+            "ops, not counted)"
+        )
+    rate = other.get("sent_bytes_per_second")
+    sent = (
+        "; sent bytes not counted here (no /sys/class/net)"
+        if rate is None
+        else f"; sent {rate:.0f} B/s on interfaces other than loopback"
+    )
+    return step + share + sent

@@ -1,0 +1,213 @@
+"""examples/train.py --timeline: its flag checks, one worker's trace
+in-process, and the job's merged trace of two workers.
+
+The flag checks and the in-process run reuse example_train_test's flags
+fixture; the job runs through examples_test's helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+import tensorflow as tf
+from absl import flags
+from absl.testing import flagsaver
+
+import tf_crossdevice
+from tests.examples.example_train_test import (  # noqa: F401 (fixtures)
+    job_flags,
+    no_tf_config,
+    rejected,
+    train_data,
+    train_flags,
+)
+from tests.examples.examples_test import run, scalar_tags
+
+FLAGS = flags.FLAGS
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"mode": "in_graph", "loop": "custom", "timeline": "/tmp/s.json"},
+            r"--timeline: traces the workers of --mode=collective or "
+            r"mirrored; with --mode=in_graph",
+        ),
+        (
+            {"timeline": "/tmp/step.trace"},
+            r"--timeline: '/tmp/step.trace' should end in .json",
+        ),
+        (
+            {"timeline": "/no/such/folder/step.json"},
+            r"--timeline: '/no/such/folder/step.json' is in no existing "
+            r"folder \(/no/such/folder\)",
+        ),
+        (
+            {
+                "timeline": "/tmp/s.json",
+                "timeline_step": 5,
+                "steps": 4,
+                "log_every": 2,
+            },
+            r"--timeline_step: 5 is after the last step \(--steps=4\)",
+        ),
+    ],  # fmt: skip
+    ids=["in_graph", "not_json", "no_folder", "after_last_step"],
+)
+def test_validation_names_the_flags(overrides, message):
+    rejected(message, **overrides)
+
+
+def test_good_timelines_pass():
+    for overrides in [
+        {"timeline": "/tmp/s.json"},
+        {"timeline": "/tmp/s.json", "timeline_step": 400},
+        {"mode": "mirrored", "timeline": "/tmp/s.json", "timeline_step": 1},
+        # Not checked against --steps: --epochs sets it from the data.
+        {"timeline": "/tmp/s.json", "timeline_step": 999, "epochs": 1},
+        # Off: --timeline_step alone is not checked.
+        {"timeline_step": 999},
+    ]:
+        with flagsaver.flagsaver(**overrides):
+            train_flags.check_flags(FLAGS.flag_values_dict())
+
+
+@pytest.mark.parametrize(
+    "overrides, want",
+    [
+        ({}, 0),  # the launcher
+        ({"mode": "mirrored"}, 0),
+        (
+            {
+                "job_name": "worker",
+                "task_index": 1,
+                "worker_hosts": ["a:1", "b:1"],
+            },
+            1,
+        ),
+        (
+            {
+                "job_name": "worker",
+                "task_index": 0,
+                "cluster_spec": '{"chief": ["a:1"], "worker": ["b:1"]}',
+            },
+            1,
+        ),
+        (
+            {
+                "job_name": "chief",
+                "task_index": 0,
+                "cluster_spec": '{"chief": ["a:1"], "worker": ["b:1"]}',
+            },
+            0,
+        ),
+    ],  # fmt: skip
+    ids=["launcher", "mirrored", "worker1", "worker_after_chief", "chief"],
+)
+def test_worker_rank_puts_the_chief_first(overrides, want):
+    with flagsaver.flagsaver(**overrides):
+        assert train_flags.worker_rank(FLAGS.flag_values_dict()) == want
+
+
+def test_each_worker_has_a_file_of_its_own():
+    import train_report
+
+    assert train_report.timeline_file("/t/step.json", 0, 1) == "/t/step.json"
+    assert [train_report.timeline_file("/t/s.json", i, 2) for i in (0, 1)] == [
+        "/t/s.worker0.json",
+        "/t/s.worker1.json",
+    ]
+
+
+def test_one_worker_traces_its_step_in_process(tmp_path, capsys):
+    """Mirrored, custom loop: the trace at --timeline itself, its scalars
+    beside the job's, and no all-reduce share where no collective ran."""
+    import train_loops
+
+    strategy = tf.distribute.MirroredStrategy(
+        tf_crossdevice.testing.cpu_devices(2),
+        cross_device_ops=tf_crossdevice.ReductionToOneDevice(),
+    )
+    path = str(tmp_path / "step.json")
+    config = train_loops.Config(
+        loop="custom", model="dense", depth=1, width=8, steps=3,
+        batch_size=16, learning_rate=0.1, log_every=3, seed=0,
+        model_dir=str(tmp_path / "model"), timeout_seconds=60.0,
+        timeline=path, timeline_step=2,
+    )  # fmt: skip
+    data = train_data.synthetic(4, 4, 64, 0)
+    summary = train_loops.train_with_strategy(
+        strategy, config, data, is_chief=True, task=0
+    )
+    assert "trained 3 steps" in summary
+    out = capsys.readouterr().out
+    assert f"timeline of step 2: {path} (1 worker)" in out
+    assert "Perfetto UI" in out and "chrome://tracing" in out
+    assert re.search(r"worker 0: [\d.]+ ms step; no collective op ran", out)
+    with open(path) as f:
+        trace = json.load(f)
+    assert trace["otherData"]["step"] == 2
+    (step,) = tf_crossdevice.training.summarize_trace(trace["traceEvents"])
+    assert step.process_name == "worker 0" and step.collective_ops == 0
+    tags = scalar_tags(str(tmp_path / "model" / "train"))
+    assert "timeline/all_reduce_share" not in tags
+    assert len(tags["timeline/sent_bytes_per_second"]) == 1
+    assert tags["timeline/sent_bytes_per_second"][0] >= 0
+    profiles = tmp_path / "model" / "plugins" / "profile" / "step2_worker0"
+    assert any(f.endswith(".xplane.pb") for f in os.listdir(profiles))
+
+
+@pytest.mark.slow
+def test_the_job_merges_both_workers_traces(tmp_path):
+    """README's main job (model.fit, two local workers of two devices),
+    small: step 2 of each worker in one file, with its collectives."""
+    path = str(tmp_path / "step.json")
+    out = run(
+        "--model=dense",
+        "--image_size=8",
+        "--num_examples=256",
+        "--batch_size=8",
+        "--steps=3",
+        "--log_every=3",
+        f"--model_dir={tmp_path / 'model'}",
+        f"--timeline={path}",
+        "--timeline_step=2",
+    )
+    assert f"timeline of step 2: {path} (workers 0, 1 merged)" in out
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    names = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e["name"] == "process_name"
+    }
+    assert names == {0: "worker 0", 1: "worker 1"}
+    steps = tf_crossdevice.training.summarize_trace(events)
+    assert [s.pid for s in steps] == [0, 1]
+    for s in steps:
+        assert s.collective_ops > 0 and 0 < s.all_reduce_share <= 1, s
+        reduces = [
+            e for e in events
+            if e["pid"] == s.pid and e["name"] == "CollectiveReduceV2"
+        ]  # fmt: skip
+        assert reduces, f"no CollectiveReduceV2 of worker {s.pid}"
+        share = re.search(
+            rf"worker {s.pid}: [\d.]+ ms step; collective ops ([\d.]+)%", out
+        )
+        assert share, out
+        assert float(share[1]) == pytest.approx(
+            100 * s.all_reduce_share, abs=0.051
+        )
+    assert sorted(trace["otherData"]["workers"]) == ["0", "1"]
+    for worker in (0, 1):
+        assert os.path.exists(tmp_path / f"step.worker{worker}.json")
+    tags = scalar_tags(str(tmp_path / "model" / "train"))
+    assert tags["timeline/all_reduce_share"] == [
+        pytest.approx(steps[0].all_reduce_share, rel=1e-6)
+    ]
+    assert len(tags["timeline/sent_bytes_per_second"]) == 1

@@ -17,7 +17,11 @@ what a small cluster looks like to the processes in it:
   `netem`); links use jumbo frames (`mtu`), as clusters' networks do;
 - each host's processes share an equal part of this machine's cores (a
   CPU cgroup), so that adding hosts neither speeds up nor slows down the
-  compute of each.
+  compute of each;
+- each host's processes are counted together (a cgroup of the `cpuacct`
+  controller, the same folder where it shares the `cpu` controller's
+  hierarchy): `cpu_seconds()` is the CPU time each host has used, what
+  its all-reduces cost in copies, codec passes and gRPC.
 
 Everything is made on entering a `with` block and removed on leaving it,
 also after an error, and after a SIGTERM where nothing else handles it
@@ -29,6 +33,7 @@ hosts. Needs root on Linux, with `ip` and `tc`.
         child = processes.Child(hosts.command(0, [sys.executable, "w.py"]))
         ...
         sent, received = hosts.link_bytes()[0]
+        busy = hosts.cpu_seconds()  # Each host's CPU time so far.
         hosts.cut(1)  # Host 1 is off the network...
         hosts.restore(1)  # ...and back.
         hosts.throttle(1, "100kbit")  # Its link crawls...
@@ -76,6 +81,8 @@ __all__ = [
 
 _PREFIX = "tfx"
 _CGROUP_CPU = pathlib.Path("/sys/fs/cgroup/cpu")
+_CGROUP_CPUACCT = pathlib.Path("/sys/fs/cgroup/cpuacct")
+_USAGE = "cpuacct.usage"  # Nanoseconds of CPU, every task of the cgroup.
 _LOCK = pathlib.Path("/run/tf_crossdevice_hosts.lock")
 _PERIOD_US = 100_000
 _RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)", re.IGNORECASE)
@@ -113,6 +120,9 @@ class Host:
         address: its IPv4 address, as other hosts and the client dial it.
         link: the bridge's end of its link, in the root namespace.
         cgroup: its CPU cgroup's folder, or None without a CPU share.
+        accounting: its CPU accounting cgroup's folder (`cpuacct`; the
+            same as `cgroup` where both controllers share a hierarchy), or
+            None where this machine mounts no `cpuacct` hierarchy.
     """
 
     index: int
@@ -120,6 +130,22 @@ class Host:
     address: str
     link: str
     cgroup: pathlib.Path | None
+    accounting: pathlib.Path | None = None
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user and system) that the host's processes have
+        used since it was built, those that exited included.
+
+        Raises:
+            RuntimeError: the host has no accounting cgroup.
+        """
+        if self.accounting is None:
+            raise RuntimeError(
+                f"host {self.index}: no CPU accounting; this machine mounts "
+                f"no cgroup v1 'cpuacct' hierarchy (looked for "
+                f"{_CGROUP_CPU / _USAGE} and {_CGROUP_CPUACCT / _USAGE})"
+            )
+        return int((self.accounting / _USAGE).read_text()) / 1e9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +164,7 @@ class EmulatedHosts:
         num_hosts: how many, 1 to 253.
         link_rate: each link's rate, each way, as `tc` writes it ('1gbit').
         cpu_share: give each host's processes an equal share of the cores.
+            Their CPU time is counted either way (`cpu_seconds`).
         mtu: the links' MTU in bytes.
 
     Raises:
@@ -231,12 +258,16 @@ class EmulatedHosts:
         _ip("addr", "add", f"{self.client_address}/24", "dev", self._bridge)
         _ip("link", "set", self._bridge, "up")
         cores = os.cpu_count() or 1
+        counted = _accounting_root()
         for i in range(self.num_hosts):
             number = self._numbers[i]
             ns, link = f"{self._tag}h{number}", f"{self._tag}h{number}b"
             cgroup = _CGROUP_CPU / ns if self.cpu_share else None
+            accounting = counted / ns if counted is not None else None
             # Listed first, so that close() removes what half-built.
-            self.hosts.append(Host(i, ns, f"{net}.{i + 1}", link, cgroup))
+            self.hosts.append(
+                Host(i, ns, f"{net}.{i + 1}", link, cgroup, accounting)
+            )
             _ip("netns", "add", ns)
             _ip("link", "add", link, "type", "veth", "peer", "name",
                 f"{ns}n", "netns", ns)  # fmt: skip
@@ -255,6 +286,8 @@ class EmulatedHosts:
                 quota = int(cores * _PERIOD_US / self.num_hosts)
                 (cgroup / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
                 (cgroup / "cpu.cfs_quota_us").write_text(str(quota))
+            if accounting is not None:
+                accounting.mkdir(exist_ok=accounting == cgroup)
 
     def command(self, index: int, argv: Sequence[str]) -> list[str]:
         """`argv` as a command that runs on host `index` (in its network
@@ -262,12 +295,14 @@ class EmulatedHosts:
         host = self.hosts[index]
         argv = checks.string_list(argv, "argv", "command-line word")
         enter = ["ip", "netns", "exec", host.namespace, *argv]
-        if host.cgroup is None:
+        folders = _cgroups(host)
+        if not folders:
             return enter
         # Joined before entering the namespace: `ip netns exec` mounts the
-        # namespace's own /sys, which has no cgroup folders.
-        join = f'echo $$ > "{host.cgroup}/cgroup.procs" && exec "$@"'
-        return ["sh", "-c", join, "sh", *enter]
+        # namespace's own /sys, which has no cgroup folders. Every process
+        # the command starts stays in them.
+        join = " && ".join(f'echo $$ > "{f}/cgroup.procs"' for f in folders)
+        return ["sh", "-c", f'{join} && exec "$@"', "sh", *enter]
 
     def cut(self, index: int) -> None:
         """Cuts host `index` off the network until `restore(index)`.
@@ -333,6 +368,15 @@ class EmulatedHosts:
             checks.index(index, "index", len(self.hosts), "a host")
         ]
 
+    def cpu_seconds(self) -> list[float]:
+        """Per host: CPU seconds its processes have used since it was
+        built (`Host.cpu_seconds`).
+
+        Raises:
+            RuntimeError: this machine has no CPU accounting.
+        """
+        return [host.cpu_seconds() for host in self.hosts]
+
     def link_bytes(self) -> list[LinkBytes]:
         """Per host: bytes sent and received since the hosts were built."""
         out = []
@@ -354,7 +398,7 @@ class EmulatedHosts:
         """Stops every process on the hosts and removes all that was made.
         Safe to call twice."""
         for host in self.hosts:
-            _remove_host(host.namespace, host.link, host.cgroup)
+            _remove_host(host.namespace, host.link, _cgroups(host))
         if self._bridge:
             _ip("link", "del", self._bridge, check=False)
         self.hosts = []
@@ -404,7 +448,7 @@ def remove_stale() -> list[str]:
         if re.fullmatch(rf"{_PREFIX}\d+br\d*", name):
             _ip("link", "del", name, check=False)
         elif re.fullmatch(rf"{_PREFIX}\d+h\d+", name):
-            _remove_host(name, f"{name}b", _CGROUP_CPU / name)
+            _remove_host(name, f"{name}b", [r / name for r in _cgroup_roots()])
         else:
             continue
         removed.append(name)
@@ -413,17 +457,47 @@ def remove_stale() -> list[str]:
 
 def leftovers(pid: int | None = None) -> list[str]:
     """What emulated hosts made by process `pid` (default: any) still
-    exists: 'netns NAME', 'link NAME' and 'cgroup PATH' entries."""
+    exists: 'netns NAME', 'link NAME' and 'cgroup PATHS' entries (one per
+    host's cgroup: its folders in the CPU and accounting hierarchies that
+    still hold it, comma-separated)."""
     tag = f"{_PREFIX}{pid}" if pid is not None else rf"{_PREFIX}\d+"
+    made = _made(tag)
+    folders = [
+        ", ".join(str(r / name) for r in _cgroup_roots() if (r / name).is_dir())
+        for name in sorted({name for kind, name in made if kind == "cgroup"})
+    ]
     return sorted(
-        f"cgroup {_CGROUP_CPU / name}" if kind == "cgroup" else f"{kind} {name}"
-        for kind, name in _made(tag)
+        [f"{kind} {name}" for kind, name in made if kind != "cgroup"]
+        + [f"cgroup {f}" for f in folders if f]
     )
 
 
+def _accounting_root() -> pathlib.Path | None:
+    """The cgroup v1 hierarchy that counts CPU time (`cpuacct`): the CPU
+    controller's where both share one, else its own, else None."""
+    for root in (_CGROUP_CPU, _CGROUP_CPUACCT):
+        if (root / _USAGE).is_file():
+            return root
+    return None
+
+
+def _cgroup_roots() -> list[pathlib.Path]:
+    """The hierarchies hosts make cgroups in: the CPU controller's and
+    the accounting one (once where they are the same)."""
+    counted = _accounting_root()
+    roots = [_CGROUP_CPU] + ([counted] if counted is not None else [])
+    return list({r.resolve(): r for r in roots if r.is_dir()}.values())
+
+
+def _cgroups(host: Host) -> list[pathlib.Path]:
+    """The cgroup folders a host's processes join (each once)."""
+    return list(dict.fromkeys(f for f in (host.cgroup, host.accounting) if f))
+
+
 def _made(tag: str) -> list[tuple[str, str]]:
-    """(kind, name) of each namespace, link and CPU cgroup here whose name
-    starts with the regular expression `tag` (a builder's prefix)."""
+    """(kind, name) of each namespace, link and cgroup here whose name
+    starts with the regular expression `tag` (a builder's prefix); a cgroup
+    in both hierarchies is listed once."""
     mine = re.compile(rf"{tag}\D")
     found = [
         ("netns", n)
@@ -434,22 +508,23 @@ def _made(tag: str) -> list[tuple[str, str]]:
     found += [
         ("link", n) for n in re.findall(rf"\d+: ({tag}\D[a-z0-9]*)[@:]", links)
     ]
-    if _CGROUP_CPU.is_dir():
-        found += [
-            ("cgroup", p.name)
-            for p in _CGROUP_CPU.glob(f"{_PREFIX}*")
-            if mine.match(p.name)
-        ]
-    return found
+    cgroups = {
+        p.name
+        for root in _cgroup_roots()
+        for p in root.glob(f"{_PREFIX}*")
+        if p.is_dir() and mine.match(p.name)
+    }
+    return found + [("cgroup", name) for name in sorted(cgroups)]
 
 
 def _remove_host(
-    namespace: str, link: str, cgroup: pathlib.Path | None
+    namespace: str, link: str, cgroups: Sequence[pathlib.Path]
 ) -> None:
     # Processes first: a namespace lives on while a process is in it.
     pids = _run(["ip", "netns", "pids", namespace], check=False).split()
-    if cgroup is not None and cgroup.is_dir():
-        pids += (cgroup / "cgroup.procs").read_text().split()
+    for cgroup in cgroups:
+        if cgroup.is_dir():
+            pids += (cgroup / "cgroup.procs").read_text().split()
     # And those still on their way in (`command`'s wrapper names the host).
     for process in psutil.process_iter(["cmdline"]):
         if namespace in (process.info["cmdline"] or ()) or any(
@@ -463,11 +538,12 @@ def _remove_host(
     _wait_gone(killed, timeout=10)
     _ip("netns", "del", namespace, check=False)  # Deletes its link too.
     _ip("link", "del", link, check=False)
-    if cgroup is not None and cgroup.is_dir():
+    for cgroup in cgroups:
         for _ in range(50):
+            if not cgroup.is_dir():
+                break
             try:
                 cgroup.rmdir()
-                break
             except OSError:
                 time.sleep(0.1)
 

@@ -16,7 +16,8 @@ same result: see `sessions.py`), and the rooflines. With a link rate, the
 p workers run on p emulated hosts (`tf_crossdevice.cluster.hosts`): each
 worker server and each between-graph session on its own host, the
 in-graph client here, reaching them over the bridge; the group's roofline
-is the wire's and each entry records the bytes each host's link carried.
+is the wire's and each entry records the bytes each host's link carried
+and the CPU time each host used per MiB all-reduced while it was timed.
 """
 
 from __future__ import annotations
@@ -397,7 +398,8 @@ def _measure_group(
 
     Entries: (name, family, baseline, the sessions it runs in, candidate).
     With `hosts`, each entry also gets the bytes each host's link carried
-    per call while it was timed (`LinkCounter`).
+    per call while it was timed (`LinkCounter`) and each host's CPU time
+    per MiB all-reduced then (`CpuCounter`).
     """
     sides = list(dict.fromkeys(e[3] for e in entries if e[3] is not None))
     loaded: dict[Any, str | None] = {}
@@ -429,8 +431,12 @@ def _measure_group(
                 timers[name] = functools.partial(where.time, name)
     describe(f"{workload.name} x{group.num_replicas}: timing")
     factor = roofline.ring_bytes_per_worker(1, group.num_replicas)
-    counter = LinkCounter(hosts) if hosts is not None else None
-    if counter is not None:
+    counters: list[LinkCounter | CpuCounter] = []
+    if hosts is not None:
+        counters.append(LinkCounter(hosts))
+        if all(h.accounting is not None for h in hosts.hosts):
+            counters.append(CpuCounter(hosts, group.size_bytes))
+    for counter in counters:
         timers = {n: counter.wrap(n, t) for n, t in timers.items()}
     try:
         records.timed_group(
@@ -445,7 +451,7 @@ def _measure_group(
     finally:
         for loopback in opened:
             loopback.close()
-    if counter is not None:
+    for counter in counters:
         counter.record(group)
     for side in sides:
         with contextlib.suppress(ChildError):
@@ -503,6 +509,51 @@ class LinkCounter:
                 r.received_bytes_per_host = [
                     n / calls for n in self.received[r.name]
                 ]
+
+
+class CpuCounter:
+    """Counts the CPU time each emulated host uses while each entry is
+    timed, every process on it (`EmulatedHosts.cpu_seconds`): `wrap` a
+    timer, then `record` into the group's results each host's CPU ms per
+    MiB all-reduced (`size_bytes` a call), over the rounds
+    (`records.cpu_figures`).
+
+    Read just before and after each round's timed calls, in this process:
+    builds, checks and warm-up calls fall outside, and so does reading the
+    counters.
+    """
+
+    def __init__(self, hosts: hosts_lib.EmulatedHosts, size_bytes: int):
+        self.hosts = hosts
+        self.size_bytes = size_bytes
+        self.rounds: dict[str, list[list[float]]] = {}
+
+    def wrap(self, name: str, timer: measure.TimeFn) -> measure.TimeFn:
+        def timed(reps: int) -> float:
+            before = self.hosts.cpu_seconds()
+            seconds = timer(reps)
+            after = self.hosts.cpu_seconds()
+            used = [a - b for a, b in zip(after, before, strict=True)]
+            self.add(name, reps, used)
+            return seconds
+
+        return timed
+
+    def add(self, name: str, calls: int, cpu_seconds: Sequence[float]) -> None:
+        """Adds one round of `name`: `calls` calls, for which each host
+        used `cpu_seconds`."""
+        self.rounds.setdefault(name, []).append(
+            records.cpu_ms_per_mib(cpu_seconds, calls, self.size_bytes)
+        )
+
+    def record(self, group: records.Group) -> None:
+        """Each timed entry's CPU ms per MiB, per host and the busiest
+        host's, into `group`."""
+        for r in [*group.baselines, *group.results]:
+            rounds = self.rounds.get(r.name)
+            if rounds:
+                per_host, busiest = records.cpu_figures(rounds)
+                r.cpu_ms_per_mib_per_host, r.cpu_ms_per_mib = per_host, busiest
 
 
 def _tcp_entry(num_bytes: int, opened: list[roofline.TcpLoopback]) -> Any:

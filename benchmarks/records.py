@@ -53,6 +53,13 @@ class Result:
         sent_bytes_per_host, received_bytes_per_host: on emulated hosts,
             what each host's link carried per call while the entry was
             timed (headers included).
+        cpu_ms_per_mib_per_host: on emulated hosts, the CPU milliseconds
+            each host's processes used per MiB all-reduced (the group's
+            `size_bytes` per call) while the entry was timed, its median
+            over the rounds (`cpu_figures`). For in-graph entries the
+            client, which is on no host, is not counted.
+        cpu_ms_per_mib: the busiest host's, round by round, median over
+            the rounds: what the entry costs the cores of a host.
     """
 
     name: str
@@ -66,6 +73,8 @@ class Result:
     ratio_to_tf_best: float | None = None
     sent_bytes_per_host: list[float] | None = None
     received_bytes_per_host: list[float] | None = None
+    cpu_ms_per_mib_per_host: list[float] | None = None
+    cpu_ms_per_mib: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -321,6 +330,31 @@ def upgraded_group(data: dict[str, Any]) -> dict[str, Any]:
     out["confirmed"] = dict(confirmed.get("times", {}))
     out["confirmed_rounds"] = confirmed.get("rounds", 0)
     return out
+
+
+def cpu_ms_per_mib(
+    cpu_seconds: Sequence[float], calls: int, size_bytes: int
+) -> list[float]:
+    """Each host's CPU milliseconds per MiB all-reduced, from the CPU
+    seconds each used over `calls` calls that each all-reduce `size_bytes`.
+
+    >>> cpu_ms_per_mib([0.5, 0.25], 2, 100 * 2**20)
+    [2.5, 1.25]
+    """
+    mib = calls * size_bytes / 2**20
+    return [1e3 * seconds / mib for seconds in cpu_seconds]
+
+
+def cpu_figures(rounds: Sequence[Sequence[float]]) -> tuple[list[float], float]:
+    """From each round's CPU ms per MiB of every host: each host's median
+    over the rounds, and the median over the rounds of the busiest host's
+    (the busiest may change from round to round).
+
+    >>> cpu_figures([[1.0, 3.0], [2.0, 1.0], [5.0, 4.0]])
+    ([2.0, 3.0], 3.0)
+    """
+    per_host = [statistics.median(h) for h in zip(*rounds, strict=True)]
+    return per_host, statistics.median(max(r) for r in rounds)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

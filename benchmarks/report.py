@@ -5,9 +5,11 @@ type, time (median minus the baseline, ms), iqr (of the step times, ms),
 algbw (size / time, GB/s), busbw (algbw * 2(n-1)/n, GB/s), roofline
 (roofline time / time), vs TF (TensorFlow's best time / time), build
 (seconds to trace, run first, check and warm up; `Result.build_seconds`).
-On emulated hosts also sent and recv (MiB per call, the most any host's
-link carried) and model (sent / `roofline.bytes_sent_model`, the host
-furthest from it; 'no model' where there is none).
+On emulated hosts also CPU (the CPU milliseconds per MiB all-reduced of
+the busiest host, `Result.cpu_ms_per_mib`), sent and recv (MiB per call,
+the most any host's link carried) and model (sent /
+`roofline.bytes_sent_model`, the host furthest from it; 'no model' where
+there is none).
 
 >>> from benchmarks import records
 >>> group = records.Group("single_process", "w", "", 4, 1, 4096, 1024,
@@ -41,8 +43,8 @@ _HEADER = (
 
 
 _WIRE_HEADER = (
-    f" {'sent':>8} {'recv':>8} {'model':>8}",
-    f" {'(MiB)':>8} {'(MiB)':>8} {'':>8}",
+    f" {'CPU':>8} {'sent':>8} {'recv':>8} {'model':>8}",
+    f" {'(ms/MiB)':>8} {'(MiB)':>8} {'(MiB)':>8} {'':>8}",
 )
 
 
@@ -57,7 +59,8 @@ def _header(g: Group) -> str:
 
 
 def _wire_columns(g: Group, r: Result) -> str:
-    """sent, recv and model of a row on emulated hosts (else nothing)."""
+    """CPU, sent, recv and model of a row on emulated hosts (else
+    nothing)."""
     if g.link_rate is None:
         return ""
     sent, received = r.sent_bytes_per_host, r.received_bytes_per_host
@@ -72,7 +75,8 @@ def _wire_columns(g: Group, r: Result) -> str:
     def mib(values: list[float] | None) -> str:
         return f"{max(values) / 2**20:.2f}" if values else "-"
 
-    return f" {mib(sent):>8} {mib(received):>8} {shown:>8}"
+    cpu = format_ratio(r.cpu_ms_per_mib)
+    return f" {cpu:>8} {mib(sent):>8} {mib(received):>8} {shown:>8}"
 
 
 def format_size(num_bytes: int) -> str:
@@ -171,6 +175,8 @@ def group_table(g: Group) -> str:
     lines += _state(g)
     for b in g.baselines:
         state = b.timing.error or f"{format_ms(b.timing.median_seconds)} ms"
+        if b.cpu_ms_per_mib is not None and not b.timing.error:
+            state += f", CPU {b.cpu_ms_per_mib:.2f} ms/MiB"
         lines.append(f"# {b.name}: {state}")
     lines += ["#", _header(g)]
     return "\n".join(lines + [_row(g, r) for r in _sorted(g.results)])

@@ -7,7 +7,8 @@ gather), with a step that sums: `_all_reduce` CollectiveAllReduce and its
 flat step, `_hierarchical` HierarchicalCollectiveAllReduce and its
 hierarchical step; `_sparse` IndexedSlices through collectives;
 `_launch_order` the order of a step's collectives; `_strategy`
-MultiWorkerMirroredStrategy;
+MultiWorkerMirroredStrategy, `_default` the collective it picks when given
+none;
 `_peers` names the peers a failed collective cannot reach; `_stall`
 reports the slow or unreachable peers of a step that waits too long.
 

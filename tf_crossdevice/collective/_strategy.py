@@ -48,6 +48,7 @@ from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core import tf_internal, values
 from tf_crossdevice.collective import _runtime as collective_runtime
 from tf_crossdevice.collective._all_reduce import CollectiveAllReduce
+from tf_crossdevice.collective._default import default_collective
 from tf_crossdevice.collective._group import Group, Options
 from tf_crossdevice.collective._peers import reporting_unreachable_peers
 from tf_crossdevice.collective._reducer import CollectiveReducer
@@ -74,9 +75,12 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     [3, 3]
 
     Args:
-        cross_device_ops: `tf_crossdevice.CollectiveAllReduce` (default) or
+        cross_device_ops: `tf_crossdevice.CollectiveAllReduce` or
             `tf_crossdevice.HierarchicalCollectiveAllReduce`. The strategy
             uses a copy that knows the workers and the local devices.
+            Default: the hierarchical class with several CPU devices per
+            worker and several workers, else the flat one, each with its
+            default arguments (measured fastest; the choice is logged once).
         cluster_resolver: the cluster and this task's place in it; None reads
             `TF_CONFIG`. Without a cluster, one process trains alone.
         communication_options: default
@@ -108,7 +112,9 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         options = values.check_options(
             communication_options, "communication_options"
         )
-        if cross_device_ops is None:
+        chosen = cross_device_ops is None
+        if chosen:
+            # Replaced below once the devices and workers are known.
             cross_device_ops = CollectiveAllReduce()
         reducer = _collective_reducer(cross_device_ops)
         if reducer is None:
@@ -129,6 +135,10 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         collective_runtime.wait_for_peers(cluster, timeout)
         self._collective_cluster = cluster
         devices = _local_devices(local_devices, cluster, cross_device_ops)
+        if chosen:
+            # Both defaults share the process's collective keys, so
+            # `reducer.keys` below stays right.
+            cross_device_ops = default_collective(devices, cluster.num_workers)
         ops = _bound(cross_device_ops, devices, cluster.num_workers, options)
         # The strategy's own reductions on the worker's CPU (the host side
         # of a replica's values), with the same keys.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
+import re
 import sys
 from collections.abc import Sequence
 
@@ -156,6 +157,81 @@ def entries_table(g: records.Group) -> str:
     return _table(("entry", "family", "time (ms)", "vs TF", "roofline"), rows)
 
 
+# Pack-size variants of the between-graph collectives: the family's name,
+# then " bytes_per_pack=<size>" (the class's own packing has no suffix).
+PACK_FAMILIES = (
+    ("ours", "ours CollectiveAllReduce"),
+    ("TF's", "TF MWMS RING"),
+)
+_PACK_RE = re.compile(r" bytes_per_pack=(\d+)(KiB|MiB)$")
+
+
+def _pack_bytes(name: str, family: str) -> int | None:
+    """`name`'s pack size in bytes if it is `family` with a pack size."""
+    if not name.startswith(family):
+        return None
+    found = _PACK_RE.fullmatch(name[len(family) :])
+    if not found:
+        return None
+    return int(found[1]) << (10 if found[2] == "KiB" else 20)
+
+
+def pack_size_table(groups: Sequence[records.Group]) -> str | None:
+    """Time by pack size, ours and TensorFlow's strategy, one column per
+    group, and for ours the worst ratio to the group's fastest size over
+    the groups: the default pack size is the one whose worst is lowest.
+    None unless ours was timed at three or more pack sizes (a sweep).
+
+    >>> g = records.Group("multi_worker", "w", "", 2, 1, 8, 2, "float32")
+    >>> records.add_results(g, [
+    ...     records.entry_of("base", "baseline", None, [0.0] * 3),
+    ...     records.entry_of("ours CollectiveAllReduce bytes_per_pack=1MiB",
+    ...                      "ours", "base", [0.2] * 3),
+    ...     records.entry_of("ours CollectiveAllReduce bytes_per_pack=4MiB",
+    ...                      "ours", "base", [0.3] * 3),
+    ...     records.entry_of("ours CollectiveAllReduce bytes_per_pack=2MiB",
+    ...                      "ours", "base", [0.1] * 3)])
+    >>> print(pack_size_table([g]).splitlines()[-2])
+    | 2 MiB | 100.000 | - | 1.00 |
+    """
+    sizes: dict[int, dict[tuple[int, str], float | None]] = {}
+    for k, g in enumerate(groups):
+        for r in g.results:
+            for label, family in PACK_FAMILIES:
+                size = _pack_bytes(r.name, family)
+                if size is not None:
+                    sizes.setdefault(size, {})[k, label] = g.time(r.name)
+    if sum(any(key[1] == "ours" for key in t) for t in sizes.values()) < 3:
+        return None  # not a sweep: the grid's one or two sizes
+    fastest = {
+        k: min(
+            (t[k, "ours"] for t in sizes.values() if t.get((k, "ours"))),
+            default=None,
+        )
+        for k in range(len(groups))
+    }
+    header = ["pack size"]
+    for g in groups:
+        header += [f"{label}, {setting(g)} (ms)" for label, _ in PACK_FAMILIES]
+    header.append("ours: worst / fastest size")
+    rows = []
+    for size in sorted(sizes):
+        row: list[object] = [format_size(size)]
+        worst: float | None = 0.0
+        for k in range(len(groups)):
+            for label, _ in PACK_FAMILIES:
+                row.append(format_ms(sizes[size].get((k, label))))
+            ours, best = sizes[size].get((k, "ours")), fastest[k]
+            worst = (
+                max(worst, ours / best)
+                if worst is not None and ours and best
+                else None
+            )
+        row.append(format_ratio(worst))
+        rows.append(row)
+    return _table(header, rows)
+
+
 def record_section(name: str, run: records.Run) -> str:
     """One record: what it says about its run, then its tables."""
     lines = [f"## {name}", ""]
@@ -169,6 +245,9 @@ def record_section(name: str, run: records.Run) -> str:
     lines.append("")
     if run.groups:
         lines += [summary_table(run.groups), ""]
+        packs = pack_size_table(run.groups)
+        if packs:
+            lines += ["Time by pack size:", "", packs, ""]
     if run.training:
         lines += ["The example job on emulated hosts:", ""]
         lines += [*training_table(run.training), ""]

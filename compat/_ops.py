@@ -159,7 +159,28 @@ class MultiWorkerAllReduce(
 class CollectiveAllReduce(
     LegacyArguments, TF1Results, tf_crossdevice.CollectiveAllReduce
 ):
-    """TF 1's `CollectiveAllReduce`: TF 1's arguments and results."""
+    """TF 1's `CollectiveAllReduce`: TF 1's arguments, defaults and results.
+
+    TF 1's default groups every 32 values into one collective; the new
+    name's default packs by size instead (see
+    `tf_crossdevice.CollectiveAllReduce`).
+    """
+
+    def __init__(
+        self,
+        num_workers: Any = 1,
+        num_gpus_per_worker: Any = 0,
+        all_reduce_merge_scope: Any = 32,
+        collective_keys: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            num_workers,
+            num_gpus_per_worker,
+            all_reduce_merge_scope,
+            collective_keys,
+            **kwargs,
+        )
 
 
 # isinstance(ops, CrossTowerOps) holds for every legacy class, as TF 1 code

@@ -101,11 +101,13 @@ class AggregateSmallTensorPacker(_Packer):
     `agg_small_grads_max_bytes=0` packs nothing, as the CrossDeviceOps
     classes' `agg_small_grads_max_bytes=0`.
 
-    >>> grads = [[(tf.ones([2]), "a"), (tf.ones([100]), "b"),
-    ...           (tf.ones([3]), "c")]]
+    As in TF 1, only consecutive small tensors share a pack:
+
+    >>> grads = [[(tf.ones([2]), "a"), (tf.ones([3]), "b"),
+    ...           (tf.ones([100]), "c"), (tf.ones([4]), "d")]]
     >>> packer = AggregateSmallTensorPacker(agg_small_grads_max_bytes=20)
     >>> len(packer.pack(grads)[0])
-    2
+    3
     """
 
     def __init__(

@@ -9,7 +9,9 @@ whole backward pass and none could overlap it.
 
 The step is traced, not run: in the graph of a Keras train step (what
 `model.fit` runs in each replica) and of a custom `strategy.run` step,
-under our `MultiWorkerMirroredStrategy` with each collective class, the
+under our `MultiWorkerMirroredStrategy` with each collective class (with
+small packs, and with the class's defaults on a model of several default
+packs), the
 first collective on every device must not depend, through data or control
 edges (the ordering token's automatic control dependencies included), on
 the gradient of the first layer (an Embedding, whose gradient is
@@ -17,9 +19,10 @@ IndexedSlices) or of the first Dense layer, and must depend on the last
 layer's. One worker with two local devices is enough: its collectives are
 the same ops, in the same order, that several workers would issue.
 
-The forward cases issue the collectives first variable first instead (as
-gradients reach the optimizer), and show that the check catches that
-order.
+The negative controls show that the check catches a serialised step: the
+collectives issued first variable first (as gradients reach the
+optimizer), and one pack of every gradient (what the hierarchical class
+sent by default before it packed by size).
 """
 
 from __future__ import annotations
@@ -38,12 +41,19 @@ CLASSES = {
     "flat": tf_crossdevice.CollectiveAllReduce,
     "hier": tf_crossdevice.HierarchicalCollectiveAllReduce,
 }
-# Small enough that the model's variables make several packs.
+# Small enough that the small model's variables make several packs.
 BYTES_PER_PACK = 64
+# Packings: explicit small packs on a small model, and the classes' own
+# default on a model whose middle layer (1024 x 1024 floats, 4 MiB) fills
+# a default pack, so the default makes several packs too.
+PACKINGS = {
+    "small_packs": (BYTES_PER_PACK, 8),
+    "defaults": (0, 1024),
+}
 COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2")
 
 
-def build_model() -> keras.Model:
+def build_model(width: int) -> keras.Model:
     ids = keras.Input((1,), dtype="int32")
     x = keras.Input((3,))
     embedded = keras.layers.Flatten()(
@@ -51,7 +61,7 @@ def build_model() -> keras.Model:
     )
     hidden = keras.layers.Concatenate()([embedded, x])
     for name in ("dense_first", "dense_middle"):
-        hidden = keras.layers.Dense(8, activation="tanh", name=name)(hidden)
+        hidden = keras.layers.Dense(width, activation="tanh", name=name)(hidden)
     out = keras.layers.Dense(1, name="dense_last")(hidden)
     return keras.Model([ids, x], out)
 
@@ -69,13 +79,15 @@ class RecordingSGD(keras.optimizers.SGD):
         return super().apply(grads, trainable_variables)
 
 
-def traced_step(kind: str, path: str):
+def traced_step(kind: str, path: str, packing: str = "small_packs"):
     """The graph of one training step, and each variable's gradient ops."""
-    ops = CLASSES[kind](
-        options=tf.distribute.experimental.CommunicationOptions(
-            bytes_per_pack=BYTES_PER_PACK
+    bytes_per_pack, width = PACKINGS[packing]
+    options = None
+    if bytes_per_pack:
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=bytes_per_pack
         )
-    )
+    ops = CLASSES[kind](options=options)
     strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
         cross_device_ops=ops, local_devices=DEVICES
     )
@@ -85,7 +97,7 @@ def traced_step(kind: str, path: str):
     y = rng.normal(size=(8, 1)).astype(np.float32)
     dataset = tf.data.Dataset.from_tensor_slices(((ids, x), y)).batch(4)
     with strategy.scope():
-        model = build_model()
+        model = build_model(width)
         optimizer = RecordingSGD(0.1)
         model.compile(optimizer=optimizer, loss="mse")
 
@@ -173,10 +185,11 @@ def forward_order(monkeypatch):
     monkeypatch.setattr(_launch_order, "launch_order", forward)
 
 
+@pytest.mark.parametrize("packing", sorted(PACKINGS))
 @pytest.mark.parametrize("path", ["fit", "custom_loop"])
 @pytest.mark.parametrize("kind", sorted(CLASSES))
-def test_first_collective_waits_for_the_last_layers_only(kind, path):
-    graph, gradient_ops = traced_step(kind, path)
+def test_first_collective_waits_for_the_last_layers_only(kind, path, packing):
+    graph, gradient_ops = traced_step(kind, path, packing)
     first = first_collectives(graph)
     # The flat class issues collectives on every device, the hierarchical
     # one on the first device only.
@@ -200,3 +213,24 @@ def test_forward_order_waits_for_the_whole_backward_pass(forward_order):
     for device, op in first.items():
         waits_for = {layer(name) for name in dependencies(op, gradient_ops)}
         assert "embedding" in waits_for, (device, op.name, waits_for)
+
+
+@pytest.fixture
+def one_pack(monkeypatch):
+    """Packs every gradient of a dtype into one collective, as the
+    hierarchical class did by default."""
+    plan_packs = _launch_order.plan_packs
+
+    def whole(values, bytes_per_pack, merge_scope):
+        return plan_packs(values, bytes_per_pack, max(1, len(values)))
+
+    monkeypatch.setattr(_launch_order, "plan_packs", whole)
+
+
+def test_one_pack_waits_for_the_whole_backward_pass(one_pack):
+    graph, gradient_ops = traced_step("hier", "fit", "defaults")
+    first = first_collectives(graph)
+    assert first, "no collective in the step"
+    for device, op in first.items():
+        waits_for = {layer(name) for name in dependencies(op, gradient_ops)}
+        assert "dense_first" in waits_for, (device, op.name, waits_for)

@@ -35,7 +35,7 @@ class CollectiveAllReduce(CrossDeviceOpsAdapter):
         strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
             cross_device_ops=tf_crossdevice.CollectiveAllReduce(
                 options=tf.distribute.experimental.CommunicationOptions(
-                    bytes_per_pack=4 << 20, timeout_seconds=120)))
+                    timeout_seconds=120)))
 
     The strategy tells it the workers and the local devices. Under
     `tf.distribute.MirroredStrategy` it reduces between the local devices
@@ -53,18 +53,22 @@ class CollectiveAllReduce(CrossDeviceOpsAdapter):
             argument; the strategy counts them from the cluster).
         num_gpus_per_worker: the local devices the strategy uses when given
             no `local_devices`: GPU:0 .. GPU:n-1, or the CPU for 0.
-        all_reduce_merge_scope: with `bytes_per_pack` 0 (the default, which
-            leaves the choice to us), every this many consecutive values of
-            one dtype share one collective (1: one per value). TF 1 grouped
-            them the same way, under one name scope.
+        all_reduce_merge_scope: None (default), or TF 1's grouping: with
+            `bytes_per_pack` 0, every this many consecutive values of one
+            dtype share one collective (1: one per value). TF 1 defaulted
+            to 32; None packs by `tf_crossdevice.packing.
+            DEFAULT_BYTES_PER_PACK` (2 MiB) instead, which measured faster
+            between hosts (docs/guides/choosing-an-algorithm.md).
         collective_keys: TensorFlow's `CollectiveKeys`; objects given the
             same one never reuse each other's keys. Default: one shared by
             every tf_crossdevice collective object in the process.
         options: default `tf.distribute.experimental.CommunicationOptions`
             (or `compat.CollectiveHints`): `bytes_per_pack` > 0 packs values
             into collectives of about that many bytes (each at least that
-            large, the last excepted), `timeout_seconds` makes a collective
-            that waits longer raise `tf.errors.DeadlineExceededError`,
+            large, the last excepted; 0, TensorFlow's default, leaves the
+            packing to `all_reduce_merge_scope`), `timeout_seconds` makes
+            a collective that waits longer raise
+            `tf.errors.DeadlineExceededError`,
             `implementation` AUTO / RING / NCCL (NCCL on GPUs only; RING
             elsewhere). A call's own `options` override these.
         compression: None (default), "bf16" or "fp16": float32 and
@@ -108,7 +112,7 @@ class CollectiveAllReduce(CrossDeviceOpsAdapter):
         self,
         num_workers: int = 1,
         num_gpus_per_worker: int = 0,
-        all_reduce_merge_scope: int = 32,
+        all_reduce_merge_scope: int | None = None,
         collective_keys: Any = None,
         *,
         options: Any = None,
@@ -123,11 +127,11 @@ class CollectiveAllReduce(CrossDeviceOpsAdapter):
         self.num_gpus_per_worker = checks.non_negative_int(
             num_gpus_per_worker, "num_gpus_per_worker"
         )
-        step = FlatStep(
-            checks.positive_int(
+        if all_reduce_merge_scope is not None:
+            all_reduce_merge_scope = checks.positive_int(
                 all_reduce_merge_scope, "all_reduce_merge_scope"
             )
-        )
+        step = FlatStep(all_reduce_merge_scope)
         super().__init__(
             CollectiveReducer(
                 type(self).__name__,
@@ -158,11 +162,12 @@ class FlatStep:
     """One collective group of every local device of every worker.
 
     Dense values are packed (`plan_packs`: by `bytes_per_pack`, or with 0
-    every `merge_scope` consecutive values of one dtype), all-reduced and
-    split again; IndexedSlices are all-gathered.
+    every `merge_scope` consecutive values of one dtype, or with 0 and no
+    `merge_scope` by the default pack size), all-reduced and split again;
+    IndexedSlices are all-gathered.
     """
 
-    def __init__(self, merge_scope: int) -> None:
+    def __init__(self, merge_scope: int | None) -> None:
         self.merge_scope = merge_scope
 
     def sum(

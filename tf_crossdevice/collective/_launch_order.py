@@ -14,17 +14,15 @@ def launch_units(
     """The collectives of one step, as indices into `values`, in order.
 
     Dense values go in packs (`plan_packs`: by `bytes_per_pack`, or with
-    0 every `merge_scope` consecutive values of one dtype; None puts every
-    dense value of a dtype in one scope), each IndexedSlices alone; the
+    0 every `merge_scope` consecutive values of one dtype, or with 0 and no
+    `merge_scope` by the default pack size), each IndexedSlices alone; the
     units come in `launch_order`.
     """
     dense = [k for k, v in enumerate(values) if not is_sparse(v)]
     packs = [
         [dense[j] for j in pack]
         for pack in plan_packs(
-            [values[k] for k in dense],
-            bytes_per_pack,
-            max(1, len(dense)) if merge_scope is None else merge_scope,
+            [values[k] for k in dense], bytes_per_pack, merge_scope
         )
     ]
     sparse = [[k] for k, v in enumerate(values) if is_sparse(v)]

@@ -17,7 +17,10 @@ from tf_crossdevice.packing._collective_pack import (
     plan_packs,
     unflatten_pack,
 )
-from tf_crossdevice.packing._collective_plan import collective_packs
+from tf_crossdevice.packing._collective_plan import (
+    DEFAULT_BYTES_PER_PACK,
+    collective_packs,
+)
 from tf_crossdevice.packing._pack import Packer, make_packer
 from tf_crossdevice.packing._packed_all_reduce import (
     BatchAllReduce,
@@ -34,6 +37,7 @@ from tf_crossdevice.packing._plan import (
 
 __all__ = [
     "BatchAllReduce",
+    "DEFAULT_BYTES_PER_PACK",
     "PackedAllReduce",
     "Packer",
     "PackingScheme",

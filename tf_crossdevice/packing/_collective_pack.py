@@ -26,7 +26,7 @@ from tf_crossdevice.packing import _collective_plan as collective_packing
 
 
 def plan_packs(
-    tensors: Sequence[tf.Tensor], bytes_per_pack: int, merge_scope: int
+    tensors: Sequence[tf.Tensor], bytes_per_pack: int, merge_scope: int | None
 ) -> list[list[int]]:
     """`collective_packs` for these tensors.
 
@@ -35,7 +35,8 @@ def plan_packs(
             a pack of its own.
         bytes_per_pack: TensorFlow's `CommunicationOptions.bytes_per_pack`
             (0: packs of `merge_scope` values).
-        merge_scope: values per pack when `bytes_per_pack` is 0.
+        merge_scope: values per pack when `bytes_per_pack` is 0; None:
+            the default pack size then (`collective_packs`).
     """
     sizes = [
         None

@@ -66,7 +66,7 @@ _KWARGS: dict[str, dict[str, Any]] = {
     "CollectiveAllReduce": {
         "num_workers": None,
         "num_gpus_per_worker": None,
-        "all_reduce_merge_scope": 32,
+        "all_reduce_merge_scope": None,
         "options": None,
     },
     "HierarchicalCollectiveAllReduce": {"options": None},

@@ -312,17 +312,15 @@ def _collective_step_traffic(
                 f"num_workers: config says {kwargs['num_workers']}, the "
                 f"call {workers}"
             )
-        scope = checks.positive_int(
-            kwargs["all_reduce_merge_scope"], "all_reduce_merge_scope"
-        )
+        scope = kwargs["all_reduce_merge_scope"]
+        if scope is not None:
+            scope = checks.positive_int(scope, "all_reduce_merge_scope")
         packs = packing_lib.collective_packs(
             sizes, dtypes, bytes_per_pack, scope
         )
         return _collective_traffic(tensors, packs, n, k, False, compression)
     if name == "HierarchicalCollectiveAllReduce":
-        packs = packing_lib.collective_packs(
-            sizes, dtypes, bytes_per_pack, len(tensors)
-        )
+        packs = packing_lib.collective_packs(sizes, dtypes, bytes_per_pack)
         return _collective_traffic(tensors, packs, n, k, True, compression)
     # tf.MultiWorkerMirroredStrategy: one RING collective per pack of
     # `bytes_per_pack` (0: all values in one pack).

@@ -160,6 +160,7 @@ PUBLIC_API = {
     ],
     "tf_crossdevice.packing": [
         "BatchAllReduce",
+        "DEFAULT_BYTES_PER_PACK",
         "PackedAllReduce",
         "Packer",
         "PackingScheme",
@@ -179,7 +180,18 @@ PUBLIC_API = {
         "per_replica",
         "request_cpu_devices",
     ],
-    "tf_crossdevice.training": ["GradientAccumulator", "PreemptionWatcher"],
+    "tf_crossdevice.training": [
+        "COLLECTIVE_OPS",
+        "GradientAccumulator",
+        "PreemptionWatcher",
+        "STEP_EVENT",
+        "StepProfile",
+        "StepSummary",
+        "merge_traces",
+        "profile_step",
+        "summarize_trace",
+        "write_trace",
+    ],
     "tf_crossdevice.tuning": [
         "autotune",
         "cost_model",

@@ -2,7 +2,8 @@
 
 Checked against TensorFlow 2.21. TensorFlow exposes no public constructor for
 PerReplica / Mirrored values, no public device canonicaliser and no public
-NCCL op wrapper; everything else in tf_crossdevice uses the public API.
+NCCL op wrapper, and no public reader of the profiler's files (XSpace);
+everything else in tf_crossdevice uses the public API.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tensorflow.python.eager import context as _context
 from tensorflow.python.framework import ops as _framework_ops
 from tensorflow.python.ops import collective_ops as _collective_ops
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 PerReplica = _values.PerReplica
 Mirrored = _values.Mirrored
@@ -132,3 +134,11 @@ def multi_worker_strategy_parts():
         distribute_lib.Strategy,
         collective_all_reduce_strategy.CollectiveAllReduceExtended,
     )
+
+
+def read_xspace(path: str):
+    """The profiler's XSpace (`<host>.xplane.pb`) at `path`."""
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    return space

@@ -19,11 +19,9 @@ machine line up as they are, by concatenation; those of several machines
 only as well as their clocks agree.
 
 The profiler's own file format (XSpace, a protocol buffer) has no public
-reader in TensorFlow: `xplane_pb2` below is the one TensorFlow module
-outside its public API that this module uses (checked against TensorFlow
-2.21).
+reader in TensorFlow: `_core.tf_internal.read_xspace` reads it.
 
-May import: `_core`, `cluster` (training's contract; it uses neither).
+May import: `_core`, `cluster` (training's contract).
 """
 
 from __future__ import annotations
@@ -41,7 +39,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+from tf_crossdevice._core import tf_internal
 
 __all__ = [
     "COLLECTIVE_OPS",
@@ -208,10 +207,7 @@ def _read_xspace(logdir: str, keep_in: str | None) -> Any:
         )
     if keep_in is not None:
         shutil.copytree(os.path.dirname(files[-1]), keep_in, dirs_exist_ok=True)
-    space = xplane_pb2.XSpace()
-    with open(files[-1], "rb") as f:
-        space.ParseFromString(f.read())
-    return space
+    return tf_internal.read_xspace(files[-1])
 
 
 def _step_events(pid: int, start_us: float, end_us: float) -> list[dict]:

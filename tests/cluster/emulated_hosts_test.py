@@ -30,8 +30,8 @@ import pytest
 
 from tests import emulated_hosts_child as child_lib
 from tf_crossdevice import launch
+from tf_crossdevice.cluster import _commands, processes, start_local_cluster
 from tf_crossdevice.cluster import hosts as hosts_lib
-from tf_crossdevice.cluster import processes, start_local_cluster
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT = 240  # Seconds, for a step on a loaded machine.
@@ -178,7 +178,7 @@ def test_everything_is_removed_when_the_process_gets_sigterm():
 def test_links_are_shaped_and_cores_shared():
     with hosts_lib.EmulatedHosts(4, "250mbit") as bed:
         for host in bed.hosts:
-            tc = hosts_lib._run(["tc", "qdisc", "show", "dev", host.link])
+            tc = _commands.run(["tc", "qdisc", "show", "dev", host.link])
             assert "tbf" in tc and "250Mbit" in tc, tc
             quota = int((host.cgroup / "cpu.cfs_quota_us").read_text())
             period = int((host.cgroup / "cpu.cfs_period_us").read_text())
@@ -266,12 +266,12 @@ def test_throttle_slows_a_link_both_ways_until_restored():
             before = transfer_seconds(address, port)
             bed.throttle(1, crawl)
             slowed = transfer_seconds(address, port)
-            unaffected = hosts_lib._run(
+            unaffected = _commands.run(
                 ["tc", "qdisc", "show", "dev", bed.hosts[0].link]
             )
             bed.restore(1)
             after = transfer_seconds(address, port)
-            tc = hosts_lib._run(
+            tc = _commands.run(
                 ["tc", "qdisc", "show", "dev", bed.hosts[1].link]
             )
     print(f"fetch, send (s): {before} before, {slowed} slowed, {after} after")

@@ -41,8 +41,8 @@ import pytest
 
 from tests import network_faults_child as child_lib
 from tf_crossdevice import launch
+from tf_crossdevice.cluster import _commands, processes, start_local_cluster
 from tf_crossdevice.cluster import hosts as hosts_lib
-from tf_crossdevice.cluster import processes, start_local_cluster
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STARTUP = 240  # Seconds for both workers' first steps on a loaded machine.
@@ -124,7 +124,7 @@ def test_a_cut_link_blocks_both_ways_until_restored():
             while both_ways() != (True, True):
                 assert time.monotonic() < deadline, both_ways()
                 time.sleep(0.2)
-            tc = hosts_lib._run(
+            tc = _commands.run(
                 ["tc", "qdisc", "show", "dev", bed.hosts[1].link]
             )
             assert "tbf" in tc and "100Mbit" in tc, tc  # Still shaped.

@@ -2,7 +2,8 @@
 
 `processes` starts, watches and stops every child process of the package
 (workers, local jobs, the benchmark's sides, test clients); `hosts` builds
-emulated hosts (network namespaces on shaped links); `_local` starts
+emulated hosts (network namespaces on shaped links) with the commands of
+`_commands` (ip, tc, one builder at a time); `_local` starts
 gRPC worker servers (`start_local_cluster`); `_in_graph` drives replicas
 on remote workers from one client (`WorkerReplicas`); `serve` runs a
 worker server whose SIGTERM becomes a preemption notice for that client

@@ -50,23 +50,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import itertools
 import os
 import pathlib
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psutil
 
 from tf_crossdevice._core import checks
+from tf_crossdevice.cluster import _commands
 from tf_crossdevice.cluster import processes as _processes
 
 __all__ = [
@@ -83,7 +82,6 @@ _PREFIX = "tfx"
 _CGROUP_CPU = pathlib.Path("/sys/fs/cgroup/cpu")
 _CGROUP_CPUACCT = pathlib.Path("/sys/fs/cgroup/cpuacct")
 _USAGE = "cpuacct.usage"  # Nanoseconds of CPU, every task of the cgroup.
-_LOCK = pathlib.Path("/run/tf_crossdevice_hosts.lock")
 _PERIOD_US = 100_000
 _RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)", re.IGNORECASE)
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
@@ -203,7 +201,7 @@ class EmulatedHosts:
 
     def __enter__(self) -> EmulatedHosts:
         check_supported()
-        with _lock():
+        with _commands.lock():
             remove_stale()
             subnet = _free_subnet()
             # Names free among this process's other live hosts, so that
@@ -253,10 +251,12 @@ class EmulatedHosts:
     def _build(self, subnet: int) -> None:
         net = f"198.18.{subnet}"
         self.client_address = f"{net}.254"
-        _ip("link", "add", self._bridge, "type", "bridge")
-        _ip("link", "set", self._bridge, "mtu", str(self.mtu))
-        _ip("addr", "add", f"{self.client_address}/24", "dev", self._bridge)
-        _ip("link", "set", self._bridge, "up")
+        _commands.ip("link", "add", self._bridge, "type", "bridge")
+        _commands.ip("link", "set", self._bridge, "mtu", str(self.mtu))
+        _commands.ip(
+            "addr", "add", f"{self.client_address}/24", "dev", self._bridge
+        )
+        _commands.ip("link", "set", self._bridge, "up")
         cores = os.cpu_count() or 1
         counted = _accounting_root()
         for i in range(self.num_hosts):
@@ -268,19 +268,21 @@ class EmulatedHosts:
             self.hosts.append(
                 Host(i, ns, f"{net}.{i + 1}", link, cgroup, accounting)
             )
-            _ip("netns", "add", ns)
-            _ip("link", "add", link, "type", "veth", "peer", "name",
+            _commands.ip("netns", "add", ns)
+            _commands.ip("link", "add", link, "type", "veth", "peer", "name",
                 f"{ns}n", "netns", ns)  # fmt: skip
-            _ip("-n", ns, "link", "set", f"{ns}n", "name", "eth0")
+            _commands.ip("-n", ns, "link", "set", f"{ns}n", "name", "eth0")
             for where, dev in ((["-n", ns], "eth0"), ([], link)):
-                _ip(*where, "link", "set", dev, "mtu", str(self.mtu))
-                _ip(*where, "link", "set", dev, "up")
-                _tc(*where, "qdisc", "add", "dev", dev, "root", "tbf",
+                _commands.ip(*where, "link", "set", dev, "mtu", str(self.mtu))
+                _commands.ip(*where, "link", "set", dev, "up")
+                _commands.tc(*where, "qdisc", "add", "dev", dev, "root", "tbf",
                     "rate", self.link_rate, "burst", str(_BURST_BYTES),
                     "latency", "100ms")  # fmt: skip
-            _ip("link", "set", link, "master", self._bridge)
-            _ip("-n", ns, "addr", "add", f"{net}.{i + 1}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "lo", "up")
+            _commands.ip("link", "set", link, "master", self._bridge)
+            _commands.ip(
+                "-n", ns, "addr", "add", f"{net}.{i + 1}/24", "dev", "eth0"
+            )
+            _commands.ip("-n", ns, "link", "set", "lo", "up")
             if cgroup is not None:
                 cgroup.mkdir()
                 quota = int(cores * _PERIOD_US / self.num_hosts)
@@ -319,7 +321,7 @@ class EmulatedHosts:
             ValueError: `index` is not a host's index.
             RuntimeError: `ip` failed (the message names the command).
         """
-        _ip("link", "set", self._host(index).link, "down")
+        _commands.ip("link", "set", self._host(index).link, "down")
 
     def throttle(self, index: int, rate: str) -> None:
         """Shapes host `index`'s link to `rate`, both ways, until
@@ -354,12 +356,12 @@ class EmulatedHosts:
         """
         host = self._host(index)
         self._shape(host, self.link_rate, _BURST_BYTES)
-        _ip("link", "set", host.link, "up")
+        _commands.ip("link", "set", host.link, "up")
 
     @staticmethod
     def _shape(host: Host, rate: str, burst: int) -> None:
         for where, dev in ((["-n", host.namespace], "eth0"), ([], host.link)):
-            _tc(*where, "qdisc", "change", "dev", dev, "root", "tbf",
+            _commands.tc(*where, "qdisc", "change", "dev", dev, "root", "tbf",
                 "rate", rate, "burst", str(burst),
                 "latency", "100ms")  # fmt: skip
 
@@ -400,7 +402,7 @@ class EmulatedHosts:
         for host in self.hosts:
             _remove_host(host.namespace, host.link, _cgroups(host))
         if self._bridge:
-            _ip("link", "del", self._bridge, check=False)
+            _commands.ip("link", "del", self._bridge, check=False)
         self.hosts = []
         self._bridge = ""
         if self._sigterm_installed:
@@ -446,7 +448,7 @@ def remove_stale() -> list[str]:
         if match is None or psutil.pid_exists(int(match[1])):
             continue
         if re.fullmatch(rf"{_PREFIX}\d+br\d*", name):
-            _ip("link", "del", name, check=False)
+            _commands.ip("link", "del", name, check=False)
         elif re.fullmatch(rf"{_PREFIX}\d+h\d+", name):
             _remove_host(name, f"{name}b", [r / name for r in _cgroup_roots()])
         else:
@@ -501,10 +503,10 @@ def _made(tag: str) -> list[tuple[str, str]]:
     mine = re.compile(rf"{tag}\D")
     found = [
         ("netns", n)
-        for n in _run(["ip", "netns", "list"], check=False).split()
+        for n in _commands.run(["ip", "netns", "list"], check=False).split()
         if mine.match(n)
     ]
-    links = _run(["ip", "-o", "link", "show"], check=False)
+    links = _commands.run(["ip", "-o", "link", "show"], check=False)
     found += [
         ("link", n) for n in re.findall(rf"\d+: ({tag}\D[a-z0-9]*)[@:]", links)
     ]
@@ -521,7 +523,9 @@ def _remove_host(
     namespace: str, link: str, cgroups: Sequence[pathlib.Path]
 ) -> None:
     # Processes first: a namespace lives on while a process is in it.
-    pids = _run(["ip", "netns", "pids", namespace], check=False).split()
+    pids = _commands.run(
+        ["ip", "netns", "pids", namespace], check=False
+    ).split()
     for cgroup in cgroups:
         if cgroup.is_dir():
             pids += (cgroup / "cgroup.procs").read_text().split()
@@ -536,8 +540,10 @@ def _remove_host(
         with contextlib.suppress(psutil.Error):
             process.kill()
     _wait_gone(killed, timeout=10)
-    _ip("netns", "del", namespace, check=False)  # Deletes its link too.
-    _ip("link", "del", link, check=False)
+    _commands.ip(
+        "netns", "del", namespace, check=False
+    )  # Deletes its link too.
+    _commands.ip("link", "del", link, check=False)
     for cgroup in cgroups:
         for _ in range(50):
             if not cgroup.is_dir():
@@ -573,39 +579,12 @@ def _burst_bytes(rate_bits: float, mtu: int) -> int:
 
 def _free_subnet() -> int:
     """A k for 198.18.k.0/24 that no interface here uses."""
-    used = set(re.findall(r"inet 198\.18\.(\d+)\.", _run(["ip", "-o", "addr"])))
+    used = set(
+        re.findall(
+            r"inet 198\.18\.(\d+)\.", _commands.run(["ip", "-o", "addr"])
+        )
+    )
     for k in range(1, 256):
         if str(k) not in used:
             return k
     raise RuntimeError("every 198.18.k.0/24 network is in use on this machine")
-
-
-@contextlib.contextmanager
-def _lock() -> Iterator[None]:
-    """One builder at a time on this machine (they pick free names)."""
-    with open(_LOCK, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _ip(*args: str, check: bool = True) -> str:
-    return _run(["ip", *args], check=check)
-
-
-def _tc(*args: str) -> str:
-    if args[:1] == ("-n",):  # tc has no -n: run it in the namespace.
-        return _run(["ip", "netns", "exec", args[1], "tc", *args[2:]])
-    return _run(["tc", *args])
-
-
-def _run(argv: list[str], check: bool = True) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise RuntimeError(
-            f"emulated hosts: {' '.join(argv)!r} failed with status "
-            f"{result.returncode}: {result.stderr.strip()}"
-        )
-    return result.stdout

@@ -399,7 +399,9 @@ def launch_in_graph(v: Any) -> int:
     start = time.perf_counter()
     chosen = train_flags.local_devices_of(v.flag_values_dict())
     cpus = chosen.count if chosen.device_type == "CPU" else 1
-    # This process, the controller, reaches emulated hosts over their bridge.
+    # This process, the controller, reaches emulated hosts over their bridge;
+    # its CPU time counts against the first host's share, so that the job
+    # gets no CPU beyond the hosts' (as a controller on that host would).
     hosts = (
         cluster_lib.hosts.EmulatedHosts(v.num_workers, v.link_rate)
         if v.link_rate
@@ -407,6 +409,7 @@ def launch_in_graph(v: Any) -> int:
     )
     with (
         hosts as bed,
+        bed.charged(0) if bed is not None else contextlib.nullcontext(),
         cluster_lib.start_local_cluster(
             v.num_workers, cpus_per_worker=cpus, hosts=bed
         ) as local,

@@ -150,3 +150,28 @@ def test_a_killed_builders_accounting_cgroups_are_removed_as_stale():
     assert len([n for n in removed if "br" not in n]) == 2, removed
     assert not any(f.exists() for f in folders)
     assert hosts_lib.leftovers(child.pid) == []
+
+
+def _burn_here(seconds: float) -> float:
+    """Burns `seconds` of this process's CPU; returns what it used."""
+    start = time.process_time()
+    while time.process_time() < start + seconds:
+        pass
+    return time.process_time() - start
+
+
+def test_charged_counts_this_process_against_the_host_until_it_leaves():
+    with hosts_lib.EmulatedHosts(2, "1gbit") as bed:
+        before = bed.cpu_seconds()
+        with bed.charged(1):
+            used = _burn_here(BURN)
+        during = bed.cpu_seconds()
+        _burn_here(BURN)  # Back at the root: counted on no host.
+        after = bed.cpu_seconds()
+    # Host 1 counted at least what this process used inside, host 0 none
+    # of it; after the block neither counts this process.
+    assert during[1] - before[1] >= used * 0.95
+    assert during[0] - before[0] < 0.1
+    assert after[1] - during[1] < 0.1
+    # The hosts' cgroups were removed with this process back at the root.
+    assert not hosts_lib.leftovers(os.getpid())

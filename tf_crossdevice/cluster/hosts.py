@@ -59,7 +59,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psutil
@@ -85,8 +85,6 @@ _USAGE = "cpuacct.usage"  # Nanoseconds of CPU, every task of the cgroup.
 _PERIOD_US = 100_000
 _RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)", re.IGNORECASE)
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
-# A full-rate link's token bucket: 1 MiB, as `tc`'s "1mb" reads.
-_BURST_BYTES = 1 << 20
 
 
 def parse_rate(rate: str, argument: str = "link_rate") -> float:
@@ -203,7 +201,7 @@ class EmulatedHosts:
         check_supported()
         with _commands.lock():
             remove_stale()
-            subnet = _free_subnet()
+            subnet = _commands.free_subnet()
             # Names free among this process's other live hosts, so that
             # several sets of hosts can coexist in one process.
             made = {name for _, name in _made(self._tag)}
@@ -275,9 +273,7 @@ class EmulatedHosts:
             for where, dev in ((["-n", ns], "eth0"), ([], link)):
                 _commands.ip(*where, "link", "set", dev, "mtu", str(self.mtu))
                 _commands.ip(*where, "link", "set", dev, "up")
-                _commands.tc(*where, "qdisc", "add", "dev", dev, "root", "tbf",
-                    "rate", self.link_rate, "burst", str(_BURST_BYTES),
-                    "latency", "100ms")  # fmt: skip
+                self._shape_new(where, dev)
             _commands.ip("link", "set", link, "master", self._bridge)
             _commands.ip(
                 "-n", ns, "addr", "add", f"{net}.{i + 1}/24", "dev", "eth0"
@@ -290,6 +286,21 @@ class EmulatedHosts:
                 (cgroup / "cpu.cfs_quota_us").write_text(str(quota))
             if accounting is not None:
                 accounting.mkdir(exist_ok=accounting == cgroup)
+
+    @contextlib.contextmanager
+    def charged(self, index: int) -> Iterator[None]:
+        """Counts this process against host `index`'s CPU share and
+        accounting while inside, in the namespace it is in: a process on
+        the bridge, such as an in-graph controller, then gets no CPU beyond
+        the hosts' shares, as if it ran on that host."""
+        folders = _cgroups(self._host(index))
+        for folder in folders:
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
+        try:
+            yield
+        finally:  # Back to the root, so that the host's cgroups can go.
+            for folder in folders:
+                (folder.parent / "cgroup.procs").write_text(str(os.getpid()))
 
     def command(self, index: int, argv: Sequence[str]) -> list[str]:
         """`argv` as a command that runs on host `index` (in its network
@@ -340,7 +351,7 @@ class EmulatedHosts:
         """
         host = self._host(index)
         bits = parse_rate(rate, "rate")
-        self._shape(host, rate, _burst_bytes(bits, self.mtu))
+        self._shape(host, rate, _commands.burst_bytes(bits, self.mtu))
 
     def restore(self, index: int) -> None:
         """Undoes `cut(index)` and `throttle(index, ...)`: host `index` is
@@ -355,8 +366,13 @@ class EmulatedHosts:
                 command).
         """
         host = self._host(index)
-        self._shape(host, self.link_rate, _BURST_BYTES)
+        self._shape(host, self.link_rate, _commands.FULL_BURST_BYTES)
         _commands.ip("link", "set", host.link, "up")
+
+    def _shape_new(self, where: list[str], dev: str) -> None:
+        tbf = ["tbf", "rate", self.link_rate, "burst"]
+        tbf += [str(_commands.FULL_BURST_BYTES), "latency", "100ms"]
+        _commands.tc(*where, "qdisc", "add", "dev", dev, "root", *tbf)
 
     @staticmethod
     def _shape(host: Host, rate: str, burst: int) -> None:
@@ -568,23 +584,3 @@ def _wait_gone(processes: list[psutil.Process], timeout: float) -> None:
     for process in processes:
         while time.monotonic() < deadline and _processes._is_alive(process):
             time.sleep(0.02)
-
-
-def _burst_bytes(rate_bits: float, mtu: int) -> int:
-    """A token bucket for `rate_bits`: a tenth of a second's bytes, and at
-    least one frame of `mtu` bytes with its Ethernet header (a bucket
-    smaller than a frame never lets it through), at most the full rate's."""
-    return int(min(max(rate_bits / 8 / 10, mtu + 14), _BURST_BYTES))
-
-
-def _free_subnet() -> int:
-    """A k for 198.18.k.0/24 that no interface here uses."""
-    used = set(
-        re.findall(
-            r"inet 198\.18\.(\d+)\.", _commands.run(["ip", "-o", "addr"])
-        )
-    )
-    for k in range(1, 256):
-        if str(k) not in used:
-            return k
-    raise RuntimeError("every 198.18.k.0/24 network is in use on this machine")

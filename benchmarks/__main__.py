@@ -17,6 +17,14 @@ result was verified and timed, 2 when something failed (its row says why),
 ResNet-50 tensors, 32 small tensors, two sweep sizes, 4 devices, 2 workers
 with 1 local device and a few candidates per family. Flags given explicitly
 win over it.
+
+`--suite=hosts` is the one run that scores every between-hosts target
+(`benchmarks.targets`): ResNet-50's gradients on 2, 3 and 4 emulated hosts
+at 1 Gbit/s with 1 and 2 local devices (our defaults, our fastest, and
+TensorFlow's strategy at 2 and 4 MiB packs, its fastest sizes; CPU per MiB
+on every host; autotune with its default budget, and its pick timed on its
+own), then the example job on 2 and 4 hosts (`benchmarks.training`).
+Flags given explicitly win over it too.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from benchmarks import candidates as candidates_lib  # noqa: E402
 from benchmarks import groups as groups_lib  # noqa: E402
 from benchmarks import records, report, targets, training  # noqa: E402
 from benchmarks import workloads as workloads_lib  # noqa: E402
+from tf_crossdevice import packing  # noqa: E402
 from tf_crossdevice.cluster import hosts as hosts_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -61,12 +70,49 @@ QUICK_DEFAULTS: dict[str, Any] = {
     "autotune_budget_seconds": 3.0,
 }
 
+# The candidates of --suite=hosts (re.search each; commas split the list,
+# so a comma inside a candidate's name is matched with "."): our defaults
+# and their references, our fastest kinds, PowerSGD.
+_SUITE_CANDIDATES = ",".join(
+    [
+        r"^ours CollectiveAllReduce( bytes_per_pack=4MiB| compression=bf16)?$",
+        r"^ours CollectiveAllReduce compression=powersgd rank=4$",
+        r"^ours HierarchicalCollectiveAllReduce$",
+        r"^ours MultiWorkerAllReduce \('pscpu/pscpu'. 2. -1\)"
+        r"( agg_small=64KiBx1024)?( compression=bf16)?$",
+        r"^ours MultiWorkerAllReduce \('pscpu'. [34]. -1\)"
+        r"( compression=bf16)?$",
+        r"^ours MultiWorkerAllReduce \('pscpu/pscpu'. 2. -1\) num_packs=1 "
+        r"compression=powersgd rank=4$",
+    ]
+)
+SUITES: dict[str, dict[str, Any]] = {
+    "hosts": {
+        "workloads": [],
+        "workers": [],
+        "emulated_hosts": ["2", "3", "4"],
+        "link_rate": "1gbit",
+        "local_devices": ["1", "2"],
+        "multi_worker_workloads": ["resnet50"],
+        "pack_sizes_kib": [str(2 << 10), str(4 << 10)],
+        "training_hosts": ["2", "4"],
+        "rounds": 5,
+        "candidates": _SUITE_CANDIDATES,
+    },
+}
+
 
 def define_flags() -> None:
     """Defines the command's flags (once per process)."""
     if "quick" in FLAGS:
         return
     flags.DEFINE_bool("quick", False, "A small run: see the docstring.")
+    flags.DEFINE_enum(
+        "suite",
+        "",
+        ["", *SUITES],
+        "A named run that scores a set of targets: see the docstring.",
+    )
     flags.DEFINE_string("output_dir", "benchmark_results", "Output folder.")
     flags.DEFINE_list("workloads", list(WORKLOADS), "Single-process sets.")
     flags.DEFINE_list("devices", ["2", "4", "8"], "Logical CPU device counts.")
@@ -213,7 +259,9 @@ def _failures(groups: list[Any]) -> list[str]:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    for name, value in QUICK_DEFAULTS.items() if FLAGS.quick else ():
+    presets = {**SUITES.get(FLAGS.suite, {})}
+    presets.update(QUICK_DEFAULTS if FLAGS.quick else {})
+    for name, value in presets.items():
         if not FLAGS[name].present:
             FLAGS[name].value = value
     if not FLAGS["verbosity"].present:
@@ -250,6 +298,8 @@ def main(argv: list[str]) -> int:
         "command": ("python -m benchmarks " + shlex.join(sys.argv[1:])).strip(),
         "machine": _machine(),
         "quick": FLAGS.quick,
+        # What the collectives' own packing (bytes_per_pack=0) meant.
+        "collective_pack_bytes": packing.DEFAULT_BYTES_PER_PACK,
     }
     config = groups_lib.Config(
         rounds=FLAGS.rounds,

@@ -69,11 +69,24 @@ def gradients_of(workload: workloads_lib.Workload) -> list[tuple[Any, str]]:
     return [(shape, workload.dtype) for shape in workload.shapes]
 
 
+# What the collective classes' own packing (bytes_per_pack=0) meant before
+# a record's meta named the default pack size (COLLECTIVE_PACK_KEY): TF 1's
+# 32 values per collective for the flat class, one pack per dtype for the
+# hierarchical one (as if its packs could hold any gradient set).
+COLLECTIVE_PACK_KEY = "collective_pack_bytes"
+_LEGACY_OWN_PACKING: dict[str, dict[str, Any]] = {
+    "CollectiveAllReduce": {"all_reduce_merge_scope": 32},
+    "HierarchicalCollectiveAllReduce": {"options": {"bytes_per_pack": 1 << 50}},
+}
+
+
 def config_of(
-    candidate: Candidate, devices_per_worker: int
+    candidate: Candidate, devices_per_worker: int, legacy: bool = False
 ) -> tuple[cost_model.Config, int]:
     """The cost model's config for a candidate, and the replicas per
-    worker it really runs (TF's MWMS keeps one CPU per worker)."""
+    worker it really runs (TF's MWMS keeps one CPU per worker). `legacy`:
+    measured before the collectives packed by size by default (a record
+    whose meta has no COLLECTIVE_PACK_KEY)."""
     kind, kwargs = candidate.kind, dict(candidate.kwargs)
     if isinstance(kwargs.get("all_reduce_spec"), list):
         kwargs["all_reduce_spec"] = tuple(kwargs["all_reduce_spec"])
@@ -95,11 +108,14 @@ def config_of(
         config = {"implementation": implementation, "options": options}
         return ("tf.MultiWorkerMirroredStrategy", config), 1
     if kind == "ours_mwms":
-        options = {"bytes_per_pack": kwargs["bytes_per_pack"]}
-        config = {"options": options}
+        own: dict[str, Any] = {
+            "options": {"bytes_per_pack": kwargs["bytes_per_pack"]}
+        }
+        if legacy and not kwargs["bytes_per_pack"]:
+            own.update(_LEGACY_OWN_PACKING[kwargs["cross_device_ops"]])
         if kwargs.get("compression"):
-            config["compression"] = kwargs["compression"]
-        return (kwargs["cross_device_ops"], config), devices_per_worker
+            own["compression"] = kwargs["compression"]
+        return (kwargs["cross_device_ops"], own), devices_per_worker
     raise ValueError(f"candidate.kind: unknown kind {kind!r}")
 
 
@@ -191,6 +207,7 @@ def read_rows(
     """
     rows = []
     for path in paths:
+        legacy = COLLECTIVE_PACK_KEY not in records.Run.read(path).meta
         for label, g, results in read_groups(path):
             if (g.link_rate is not None) != emulated:
                 continue
@@ -217,7 +234,7 @@ def read_rows(
                 candidate = known.get(name)
                 if candidate is None:
                     continue
-                config, k = config_of(candidate, local)
+                config, k = config_of(candidate, local, legacy)
                 if config[1].get("compression") not in _PRICED_CODECS:
                     continue  # low-rank (PowerSGD): not in the model
                 m = cost_model.Measurement(

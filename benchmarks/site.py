@@ -203,13 +203,10 @@ def pack_size_table(groups: Sequence[records.Group]) -> str | None:
                     sizes.setdefault(size, {})[k, label] = g.time(r.name)
     if sum(any(key[1] == "ours" for key in t) for t in sizes.values()) < 3:
         return None  # not a sweep: the grid's one or two sizes
-    fastest = {
-        k: min(
-            (t[k, "ours"] for t in sizes.values() if t.get((k, "ours"))),
-            default=None,
-        )
-        for k in range(len(groups))
-    }
+    fastest: dict[int, float | None] = {}
+    for k in range(len(groups)):
+        times = [t.get((k, "ours")) for t in sizes.values()]
+        fastest[k] = min((t for t in times if t), default=None)
     header = ["pack size"]
     for g in groups:
         header += [f"{label}, {setting(g)} (ms)" for label, _ in PACK_FAMILIES]

@@ -223,10 +223,14 @@ def test_wire_targets_on_a_hand_made_group():
     # ours best (that one) 0.550 s, TF best (RING) 1.100 s: 2.00x.
     tf_best = by_name["ours best vs TF best"]
     assert tf_best.measured == pytest.approx(1.1 / 0.55) and tf_best.met
-    # Our collective 1.080 s, MWMS best 1.100 s.
-    mwms = by_name["CollectiveAllReduce vs MWMS best"]
+    # Our collective with no arguments 1.080 s, MWMS best 1.100 s.
+    mwms = by_name["CollectiveAllReduce() vs MWMS best"]
     assert mwms.measured == pytest.approx(1.1 / 1.08) and mwms.met
     assert mwms.threshold == 1.0
+    # The same against the wire: 1 / 1.08 = 0.926, under 0.93.
+    default_wire = by_name["CollectiveAllReduce() / wire roofline"]
+    assert default_wire.measured == pytest.approx(1 / 1.08)
+    assert default_wire.threshold == 0.93 and not default_wire.met
     # Worst modeled entry: pscpu at 1.08 S, 1/1.08 < 1/1.05.
     wire_bytes = by_name["bytes each host sent / model, worst entry"]
     assert wire_bytes.measured == pytest.approx(1 / 1.08)
@@ -235,6 +239,29 @@ def test_wire_targets_on_a_hand_made_group():
     assert "no model: ours MultiWorkerAllReduce rechd" in wire_bytes.note
     # The loopback targets do not apply on the wire.
     assert not any("TCP loopback" in n or "MWMS default" in n for n in by_name)
+
+
+def test_cpu_per_mib_of_our_default_against_tfs_same_packs():
+    group = _targets_group()
+    tf_2mib = records.entry_of(
+        "TF MWMS RING bytes_per_pack=2MiB", "tf", None, [1.09] * 3
+    )
+    records.add_results(group, [*group.results, tf_2mib])
+    cpu = {
+        "ours CollectiveAllReduce": 3.0,
+        "TF MWMS RING bytes_per_pack=2MiB": 2.9,
+    }
+    for r in group.results:
+        r.cpu_ms_per_mib = cpu.get(r.name)
+    by_name = {t.name.rsplit(": ", 1)[1]: t for t in targets.evaluate([group])}
+    target = by_name["TF's CPU per MiB / CollectiveAllReduce()'s"]
+    # 2.9 / 3.0: ours costs 3% more CPU per MiB than TensorFlow's.
+    assert target.measured == pytest.approx(2.9 / 3.0) and not target.met
+    assert "3.00 CPU ms/MiB" in target.note and "2.90" in target.note
+    # Without TF's entry at the same packs, no such target.
+    plain = _targets_group()
+    names = [t.name for t in targets.evaluate([plain])]
+    assert not any("CPU per MiB" in n for n in names)
 
 
 def test_bert_bases_gradients_have_the_same_wire_targets():
@@ -255,7 +282,7 @@ def test_bert_bases_gradients_have_the_same_wire_targets():
         for t in targets.evaluate([group])
         if "bytes each host" not in t.name and "autotune" not in t.name
     ]
-    assert len(speed) == 4 and all(t.stand_in for t in speed)
+    assert len(speed) == 5 and all(t.stand_in for t in speed)
 
 
 PSGD = "ours MultiWorkerAllReduce xring compression=powersgd rank=4"
@@ -361,7 +388,16 @@ def test_hierarchical_beats_flat_by_1_4_with_2_local_devices():
         2,
         [
             ("TF MWMS RING", "tf", None, 1100, [S * 1.01] * 2),
-            ("ours CollectiveAllReduce", "ours", None, 1400, [S * 1.5] * 2),
+            # The flat class's default is faster than its 4 MiB packs
+            # here; the target names the 4 MiB packs all the same.
+            ("ours CollectiveAllReduce", "ours", None, 1300, [S * 1.5] * 2),
+            (
+                "ours CollectiveAllReduce bytes_per_pack=4MiB",
+                "ours",
+                None,
+                1400,
+                [S * 1.5] * 2,
+            ),  # fmt: skip
             (
                 "ours HierarchicalCollectiveAllReduce",
                 "ours",
@@ -374,7 +410,8 @@ def test_hierarchical_beats_flat_by_1_4_with_2_local_devices():
     )
     by_name = {t.name.rsplit(": ", 1)[1]: t for t in targets.evaluate([group])}
     hierarchical = by_name[
-        "HierarchicalCollectiveAllReduce vs CollectiveAllReduce best"
+        "HierarchicalCollectiveAllReduce() vs "
+        "CollectiveAllReduce bytes_per_pack=4MiB"
     ]
     assert hierarchical.measured == pytest.approx(1.4 / 0.99)
     assert hierarchical.met and hierarchical.threshold == 1.4

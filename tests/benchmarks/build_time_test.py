@@ -106,12 +106,13 @@ def test_graph_grows_by_a_few_ops_per_tensor_not_per_step(alg, packing):
     # in the smaller batch already) and the algorithm with the batch's
     # ranges, so unpacked it stays flat. Packing keeps its per-tensor
     # reshape in and out and split output (< 2.5 per tensor and device);
-    # small-tensor aggregation adds a pack per 4 tensors, and each pack is
-    # an all-reduce of its own, as packing means (pscpu#2 on 3 devices:
-    # ~15 ops per pack, ~4 more per tensor and device).
+    # small-tensor aggregation adds a pack per run of consecutive small
+    # tensors (TF 1's ranges: here a run ends at each large shape), and
+    # each pack is an all-reduce of its own, as packing means (pscpu#2 on
+    # 3 devices: ~15 ops per pack, ~4 more per tensor and device).
     small, large = _op_count(alg, packing, 24), _op_count(alg, packing, 120)
     per_tensor_and_device = (large - small) / ((120 - 24) * GROWTH_DEVICES)
-    limit = {"none": 0.25, "num_packs=3": 2.5, "agg_small": 7.0}[packing]
+    limit = {"none": 0.25, "num_packs=3": 2.5, "agg_small": 8.0}[packing]
     assert per_tensor_and_device < limit, (small, large)
 
 

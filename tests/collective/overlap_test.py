@@ -32,6 +32,7 @@ import pytest
 import tensorflow as tf
 
 import tf_crossdevice
+from tests.graph_ancestors import ancestors
 from tf_crossdevice.collective import _launch_order
 
 keras = tf.keras
@@ -146,27 +147,14 @@ def first_collectives(graph) -> dict[str, tf.Operation]:
     first = {}
     for device, ops in collectives_by_device(graph).items():
         for later in ops[1:]:
-            assert ops[0] in ancestors(later), (ops[0].name, later.name)
+            assert ops[0] in ancestors([later]), (ops[0].name, later.name)
         first[device] = ops[0]
     return first
 
 
-def ancestors(op: tf.Operation) -> set:
-    """Every op `op` waits for: its inputs and control inputs, transitively."""
-    seen: set = set()
-    stack = [op]
-    while stack:
-        current = stack.pop()
-        for parent in [t.op for t in current.inputs] + current.control_inputs:
-            if parent not in seen:
-                seen.add(parent)
-                stack.append(parent)
-    return seen
-
-
 def dependencies(op: tf.Operation, gradient_ops: dict[str, set]) -> set:
     """The variables whose gradient (on any replica) `op` waits for."""
-    before = ancestors(op)
+    before = ancestors([op])
     return {name for name, ops in gradient_ops.items() if ops & before}
 
 

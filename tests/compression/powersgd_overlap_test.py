@@ -24,6 +24,7 @@ import pytest
 import tensorflow as tf
 
 import tf_crossdevice
+from tests.graph_ancestors import ancestors
 from tf_crossdevice.compression import PowerSGD
 
 DEVICES = tf_crossdevice.testing.cpu_devices(2)
@@ -73,25 +74,11 @@ def traced_calls(compressor: PowerSGD):
     return traced["grads"], calls
 
 
-def ancestors(tensors) -> set:
-    """Every op the tensors wait for: inputs and control inputs,
-    transitively."""
-    seen: set = set()
-    stack = [t.op for t in tensors]
-    while stack:
-        current = stack.pop()
-        for parent in [t.op for t in current.inputs] + current.control_inputs:
-            if parent not in seen:
-                seen.add(parent)
-                stack.append(parent)
-    return seen
-
-
 def first_call_waits_for_first_layer(compressor: PowerSGD) -> bool:
     grads, calls = traced_calls(compressor)
     first_layer = {g[0].op for g in grads}  # each replica's first kernel
     first_call = [t for value in calls[0] for t in value]
-    return bool(first_layer & ancestors(first_call))
+    return bool(first_layer & ancestors(t.op for t in first_call))
 
 
 def test_default_buckets_start_before_the_first_layer():

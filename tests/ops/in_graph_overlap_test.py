@@ -24,6 +24,7 @@ import pytest
 import tensorflow as tf
 
 import tf_crossdevice
+from tests.graph_ancestors import ancestors
 from tf_crossdevice._core import tf_internal
 
 WORKERS = ["/job:worker/task:0", "/job:worker/task:1"]
@@ -71,25 +72,12 @@ def traced_sums(**kwargs):
     return traced["grads"], traced["sums"]
 
 
-def ancestors(tensor: tf.Tensor) -> set:
-    """Every op `tensor` waits for: inputs and control inputs, transitively."""
-    seen: set = set()
-    stack = [tensor.op]
-    while stack:
-        current = stack.pop()
-        for parent in [t.op for t in current.inputs] + current.control_inputs:
-            if parent not in seen:
-                seen.add(parent)
-                stack.append(parent)
-    return seen
-
-
 def waits_for_first_layer(kwargs) -> list[bool]:
     """For each replica's sum of the last kernel: whether it waits for
     some worker's first-layer gradient."""
     grads, sums = traced_sums(**kwargs)
     first = {g[0].op for g in grads}
-    return [bool(first & ancestors(s)) for s in sums[-1]]
+    return [bool(first & ancestors([s.op])) for s in sums[-1]]
 
 
 @pytest.mark.parametrize(

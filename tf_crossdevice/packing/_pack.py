@@ -234,13 +234,13 @@ def make_packer(
         ValueError: a packing argument is out of range, both schemes are on,
             or packing is on and a tensor's static shape is not fully defined.
 
-    >>> packer = make_packer([tf.ones([2]), tf.ones([100]), tf.ones([3])],
+    >>> packer = make_packer([tf.ones([2]), tf.ones([3]), tf.ones([100])],
     ...                      num_packs=0, agg_small_grads_max_bytes=20,
     ...                      agg_small_grads_max_group=16)
     >>> packer.num_packs
     2
     >>> [p.shape.as_list() for p in packer.pack(
-    ...     [tf.ones([2]), tf.ones([100]), tf.ones([3])])]
+    ...     [tf.ones([2]), tf.ones([3]), tf.ones([100])])]
     [[5], [100]]
     """
     scheme = packing_schedule.packing_scheme(

@@ -443,13 +443,11 @@ class _Timeline:
         `start` + 1 on), the one to trace profiled."""
         iterator = iter(steps)
         for step in itertools.count(start + 1):
-            if self.wants(step):
-                with self.profiling(step):
-                    done = next(iterator, None)
-                    if done is not None:
-                        float(done[0])  # Waits for the step's ops.
-            else:
+            traced = self.wants(step)
+            with self.profiling(step) if traced else contextlib.nullcontext():
                 done = next(iterator, None)
+                if traced and done is not None:
+                    float(done[0])  # Waits for the step's ops.
             if done is None:
                 return
             yield done

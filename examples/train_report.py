@@ -275,8 +275,9 @@ def timeline_report(
     lines = []
     for worker in range(num_workers):
         file = timeline_file(path, worker, num_workers)
-        other = _other_data(file)
-        if other is None or other.get("step_start_us", 0) < since_us:
+        trace = _read_trace(file)
+        other = (trace or {}).get("otherData", {})
+        if trace is None or other.get("step_start_us", 0) < since_us:
             lines.append(
                 f"  worker {worker}: no trace of this run at {file} on this "
                 "machine (it is on the worker's own machine; copy it here "
@@ -284,9 +285,9 @@ def timeline_report(
             )
             continue
         found[worker] = file
-        with open(file) as f:
-            events = json.load(f)["traceEvents"]
-        (summary,) = tf_crossdevice.training.summarize_trace(events)
+        (summary,) = tf_crossdevice.training.summarize_trace(
+            trace["traceEvents"]
+        )
         lines.append(_timeline_line(worker, summary, other))
     if not found:
         return [f"--timeline: no trace of step {step} found", *lines]
@@ -298,12 +299,12 @@ def timeline_report(
     return [f"timeline of step {step}: {path} ({what}); {viewers}", *lines]
 
 
-def _other_data(file: str) -> dict[str, Any] | None:
-    """A trace file's otherData; None where there is no such file."""
+def _read_trace(file: str) -> dict[str, Any] | None:
+    """A trace file's contents; None where there is no such file."""
     if not os.path.exists(file):
         return None
     with open(file) as f:
-        return json.load(f).get("otherData", {})
+        return json.load(f)
 
 
 def _timeline_line(

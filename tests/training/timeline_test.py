@@ -21,7 +21,6 @@ import tensorflow as tf
 
 import tf_crossdevice
 from tf_crossdevice import training
-from tf_crossdevice._core import tf_internal
 from tf_crossdevice.training import _timeline
 
 STEP = training.STEP_EVENT
@@ -150,7 +149,7 @@ def test_xspace_events_are_placed_on_the_wall_clock():
     # The profile starts at 1_000_000_000 ns; the line 2_000 ns later. An
     # op at 3_500_000 ps (3.5 µs) into the line, 1_250_000 ps long: ts
     # (1e9 + 2e3) ns + 3.5 µs = 1_000_005.5 µs, dur 1.25 µs.
-    pb2 = tf_internal.xplane_pb2
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2 as pb2
     space = pb2.XSpace(hostnames=["host"])
     env = space.planes.add(name="Task Environment")
     env.stat_metadata[1].name = "profile_start_time"

@@ -389,10 +389,7 @@ class PowerSGD(tf.Module):
         def exact_sums() -> list[list[tf.Tensor]]:
             sums: list[Any] = [None] * len(matrices)
             for bucket in buckets:
-                for j, total in zip(
-                    bucket, all_sum([matrices[j] for j in bucket]), strict=True
-                ):
-                    sums[j] = list(total)
+                _sum_into(sums, matrices, bucket, all_sum)
             return sums
 
         def low_rank_sums() -> list[list[tf.Tensor]]:
@@ -415,13 +412,10 @@ class PowerSGD(tf.Module):
         # in the order they are issued, and this sum waits for the first
         # layers' vectors, so issued first it would hold every bucket until
         # the backward pass ends. It is small (vectors, small tensors).
-        exact = [k for k in range(len(batch)) if k not in compressed]
+        exact = sorted(set(range(len(batch))) - set(compressed))
         results: list[Any] = [None] * len(batch)
         if exact:
-            for k, total in zip(
-                exact, all_sum([batch[k] for k in exact]), strict=True
-            ):
-                results[k] = total
+            _sum_into(results, batch, exact, all_sum)
         with tf.control_dependencies(_flat(sums)):
             counted = self.step.assign_add(1)
         # A TF 1 Session that fetches only the sums still counts the step.
@@ -507,6 +501,19 @@ def _describe(signature: Any, replicas: Any) -> str:
         for s in signature
     )
     return f"{len(signature)} values on {replicas} replica(s) [{values}]"
+
+
+def _sum_into(
+    out: list[Any],
+    batch: Sequence[Sequence[Value]],
+    positions: Sequence[int],
+    all_sum: AllSum,
+) -> None:
+    """`out[k]`: the sum of `batch[k]` for each of `positions`, in one call
+    of `all_sum`."""
+    sums = all_sum([list(batch[k]) for k in positions])
+    for k, total in zip(positions, sums, strict=True):
+        out[k] = list(total)
 
 
 def _num_bytes(tensor: tf.Tensor) -> int:

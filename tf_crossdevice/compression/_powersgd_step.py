@@ -72,7 +72,7 @@ def compressed_sums(
     states: list[Matrix],
     all_sum: AllSum,
     devices: Sequence[str] | None,
-    buckets: Sequence[Sequence[int]] | None = None,
+    buckets: Sequence[Sequence[int]],
 ) -> list[list[tf.Tensor]]:
     """The approximate sums of `matrices` over every replica, updating
     each one's error and Q in `states`.
@@ -87,30 +87,26 @@ def compressed_sums(
         buckets: positions in `matrices`, every one once; each bucket's
             factors are all-reduced together, bucket by bucket in this
             order, so that a bucket of the last layers' gradients crosses
-            while the backward pass computes the others. None: one bucket.
+            while the backward pass computes the others.
 
     Returns:
         `result[j][i]`: the approximate sum of tensor j, on replica i, once
         the errors and Qs are updated.
     """
-    if buckets is None:
-        buckets = [range(len(matrices))]
-    exchanges = [
-        _exchange(
-            _Batch(
-                [matrices[j] for j in bucket],
-                [layouts[j] for j in bucket],
-                [states[j] for j in bucket],
-                [[states[j].q, *states[j].q_copies] for j in bucket],
-                devices,
-                _groups(
-                    [matrices[j] for j in bucket], [layouts[j] for j in bucket]
-                ),
-            ),
-            all_sum,
+    exchanges = []
+    for bucket in buckets:
+        chosen = [matrices[j] for j in bucket]
+        chosen_layouts = [layouts[j] for j in bucket]
+        chosen_states = [states[j] for j in bucket]
+        batch = _Batch(
+            chosen,
+            chosen_layouts,
+            chosen_states,
+            [[state.q, *state.q_copies] for state in chosen_states],
+            devices,
+            _groups(chosen, chosen_layouts),
         )
-        for bucket in buckets
-    ]
+        exchanges.append(_exchange(batch, all_sum))
     results: list[list[tf.Tensor]] = [[] for _ in matrices]
     for bucket, sums in zip(buckets, _approximations(exchanges), strict=True):
         for j, total in zip(bucket, sums, strict=True):

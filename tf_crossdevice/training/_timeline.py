@@ -136,7 +136,6 @@ class StepProfile:
 def profile_step(
     process_name: str | None = None,
     *,
-    pid: int | None = None,
     profile_dir: str | None = None,
 ) -> Iterator[StepProfile]:
     """Profiles what runs in the block: one step, as Chrome trace events.
@@ -149,7 +148,6 @@ def profile_step(
     Args:
         process_name: the process's name in a trace viewer (default: the
             host name and the process id).
-        pid: the events' process id (default: this process's).
         profile_dir: where to keep TensorFlow's own profile as well (its
             <host>.xplane.pb, which TensorBoard's profile plugin opens):
             a folder `<logdir>/plugins/profile/<run>` under a TensorBoard
@@ -167,7 +165,7 @@ def profile_step(
             process (TensorFlow's error).
         RuntimeError: the profiler wrote no trace.
     """
-    pid = os.getpid() if pid is None else pid
+    pid = os.getpid()
     name = process_name or f"{socket.gethostname()} pid {pid}"
     profile = StepProfile()
     logdir = tempfile.mkdtemp(prefix="tf_crossdevice_timeline_")
@@ -377,8 +375,9 @@ def write_trace(
     path: str,
     events: Sequence[Mapping[str, Any]],
     other_data: Mapping[str, Any] | None = None,
-) -> None:
-    """Writes a Chrome trace-event file: `{"traceEvents": [...], ...}`.
+) -> dict[str, Any]:
+    """Writes a Chrome trace-event file: `{"traceEvents": [...], ...}`;
+    returns what it wrote.
 
     Written to a temporary file and renamed, so that a reader (a chief
     merging the workers' files) never sees half of one.
@@ -405,6 +404,7 @@ def write_trace(
         with contextlib.suppress(OSError):
             os.remove(partial)
         raise
+    return trace
 
 
 def merge_traces(paths: Mapping[int, str], path: str) -> dict[str, Any]:
@@ -433,9 +433,7 @@ def merge_traces(paths: Mapping[int, str], path: str) -> dict[str, Any]:
                 continue
             events.append({**event, "pid": worker})
         workers[str(worker)] = trace.get("otherData", {})
-    write_trace(path, events, {"workers": workers})
-    with open(path) as f:
-        return json.load(f)
+    return write_trace(path, events, {"workers": workers})
 
 
 @dataclasses.dataclass(frozen=True)

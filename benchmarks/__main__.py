@@ -259,8 +259,9 @@ def _failures(groups: list[Any]) -> list[str]:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    presets = {**SUITES.get(FLAGS.suite, {})}
-    presets.update(QUICK_DEFAULTS if FLAGS.quick else {})
+    presets = SUITES.get(FLAGS.suite, {}) | (
+        QUICK_DEFAULTS if FLAGS.quick else {}
+    )
     for name, value in presets.items():
         if not FLAGS[name].present:
             FLAGS[name].value = value
@@ -299,7 +300,7 @@ def main(argv: list[str]) -> int:
         "machine": _machine(),
         "quick": FLAGS.quick,
         # What the collectives' own packing (bytes_per_pack=0) meant.
-        "collective_pack_bytes": packing.DEFAULT_BYTES_PER_PACK,
+        records.COLLECTIVE_PACK_KEY: packing.DEFAULT_BYTES_PER_PACK,
     }
     config = groups_lib.Config(
         rounds=FLAGS.rounds,

@@ -401,17 +401,23 @@ def strategy_candidates(
     grid = cost_model.candidates(num_workers=2, devices_per_worker=1)
     out = []
     for ops in STRATEGY_OPS:
-        sizes = [
-            (kwargs.get("options") or {}).get("bytes_per_pack", 0)
-            for name, kwargs in grid
-            if name == ops
-        ]
-        if pack_sizes:
-            sizes = [0, *pack_sizes]
+        sizes = (
+            [0, *pack_sizes]
+            if pack_sizes
+            else [
+                size
+                for name, kwargs in grid
+                if name == ops
+                and (
+                    size := (kwargs.get("options") or {}).get(
+                        "bytes_per_pack", 0
+                    )
+                )
+                not in STRATEGY_LEFT_OUT_BYTES_PER_PACK
+            ]
+        )
         settings: list[tuple[str, dict[str, Any]]] = [
-            (_pack_label(size), {"bytes_per_pack": size})
-            for size in sizes
-            if pack_sizes or size not in STRATEGY_LEFT_OUT_BYTES_PER_PACK
+            (_pack_label(size), {"bytes_per_pack": size}) for size in sizes
         ]
         for codec in COMPRESSIONS:
             settings.append(

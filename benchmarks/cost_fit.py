@@ -70,10 +70,10 @@ def gradients_of(workload: workloads_lib.Workload) -> list[tuple[Any, str]]:
 
 
 # What the collective classes' own packing (bytes_per_pack=0) meant before
-# a record's meta named the default pack size (COLLECTIVE_PACK_KEY): TF 1's
-# 32 values per collective for the flat class, one pack per dtype for the
-# hierarchical one (as if its packs could hold any gradient set).
-COLLECTIVE_PACK_KEY = "collective_pack_bytes"
+# a record's meta named the default pack size
+# (records.COLLECTIVE_PACK_KEY): TF 1's 32 values per collective for the
+# flat class, one pack per dtype for the hierarchical one (as if its packs
+# could hold any gradient set).
 _LEGACY_OWN_PACKING: dict[str, dict[str, Any]] = {
     "CollectiveAllReduce": {"all_reduce_merge_scope": 32},
     "HierarchicalCollectiveAllReduce": {"options": {"bytes_per_pack": 1 << 50}},
@@ -86,7 +86,7 @@ def config_of(
     """The cost model's config for a candidate, and the replicas per
     worker it really runs (TF's MWMS keeps one CPU per worker). `legacy`:
     measured before the collectives packed by size by default (a record
-    whose meta has no COLLECTIVE_PACK_KEY)."""
+    whose meta has no records.COLLECTIVE_PACK_KEY)."""
     kind, kwargs = candidate.kind, dict(candidate.kwargs)
     if isinstance(kwargs.get("all_reduce_spec"), list):
         kwargs["all_reduce_spec"] = tuple(kwargs["all_reduce_spec"])
@@ -142,13 +142,13 @@ class Row:
 
 
 def read_groups(
-    path: pathlib.Path,
+    path: pathlib.Path, run: records.Run
 ) -> list[tuple[str, records.Group, list[tuple[str, float]]]]:
-    """The timed groups of a results JSON (`records.Run.read`): each with
+    """The timed groups of the record `run` read from `path`: each with
     its label and (name, net seconds) of its verified, timed results (the
     confirmation rounds' time where it was re-timed)."""
     out = []
-    for g in records.Run.read(path).groups:
+    for g in run.groups:
         if g.error or g.skipped:
             continue
         results = []
@@ -168,10 +168,10 @@ def read_groups(
     return out
 
 
-def machine_cores(path: pathlib.Path) -> int:
-    """The cores of the machine a record ran on, as its meta states them
-    ('2 CPU cores (x86_64), ...')."""
-    machine = str(records.Run.read(path).meta.get("machine", ""))
+def machine_cores(path: pathlib.Path, run: records.Run) -> int:
+    """The cores of the machine the record `run` (read from `path`) ran
+    on, as its meta states them ('2 CPU cores (x86_64), ...')."""
+    machine = str(run.meta.get("machine", ""))
     match = re.match(r"(\d+) CPU cores", machine)
     if match is None:
         raise ValueError(
@@ -188,6 +188,19 @@ def _wire_bytes(result: records.Result) -> float | None:
 
 
 _PRICED_CODECS = (None, *cost_model.COMPRESSIONS)
+
+
+@functools.cache
+def _known_candidates(workload: str, workers: int) -> dict[str, Candidate]:
+    """The benchmark's candidates for a workload across `workers`, by name
+    (with the default pack sizes)."""
+    w = workload_named(workload)
+    return {
+        c.name: c
+        for c in candidates_lib.single_process_candidates(w)
+        + candidates_lib.multi_worker_candidates(w, num_workers=workers)
+        + candidates_lib.strategy_candidates()
+    }
 
 
 def read_rows(
@@ -207,23 +220,17 @@ def read_rows(
     """
     rows = []
     for path in paths:
-        legacy = COLLECTIVE_PACK_KEY not in records.Run.read(path).meta
-        for label, g, results in read_groups(path):
+        run = records.Run.read(path)
+        legacy = records.COLLECTIVE_PACK_KEY not in run.meta
+        for label, g, results in read_groups(path, run):
             if (g.link_rate is not None) != emulated:
                 continue
             workload = workload_named(g.workload)
             single = g.setting == "single_process"
             workers = 1 if single else g.num_replicas
             local = g.num_replicas if single else g.local_devices
-            known = {
-                c.name: c
-                for c in candidates_lib.single_process_candidates(workload)
-                + candidates_lib.multi_worker_candidates(
-                    workload, num_workers=max(2, workers)
-                )
-                + candidates_lib.strategy_candidates()
-            }
-            cores = machine_cores(path) / workers if emulated else None
+            known = _known_candidates(g.workload, max(2, workers))
+            cores = machine_cores(path, run) / workers if emulated else None
             rate = (
                 hosts_lib.parse_rate(g.link_rate)
                 if g.link_rate is not None

@@ -37,6 +37,11 @@ from tf_crossdevice.tuning import measure
 WIRE_ROOFLINE = "roofline: wire, 2(p-1)/p*S at the link rate"
 
 
+# The meta key saying what the collectives' own packing (bytes_per_pack=0)
+# meant in a run: the default pack size in bytes. Older records lack it.
+COLLECTIVE_PACK_KEY = "collective_pack_bytes"
+
+
 @dataclasses.dataclass
 class Result:
     """One entry of a group and its figures (None: no figure).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from benchmarks import roofline, sessions, workloads
+from benchmarks import roofline, sessions, training, workloads
 from benchmarks.records import Group, Job, Result, Target, ratio
 from tf_crossdevice.cluster import hosts
 
@@ -409,8 +409,8 @@ def wire_targets(g: Group, base: str, stand_in: bool) -> list[Target]:
             note = f"{FLAT} {ours_cpu:.2f} CPU ms/MiB, {DEFAULT_PACK_NAME} "
             note += f"{tf_cpu:.2f} (the busiest host, median of the rounds)"
         elif what == "default_wire":
-            ours_name = FLAT if g.time(FLAT) is not None else None
-            if ours_name is None:
+            ours_name = FLAT
+            if g.time(ours_name) is None:
                 continue  # not measured in this run
             measured = ratio(roof, g.time(ours_name))
             name = "CollectiveAllReduce() / wire roofline"
@@ -632,11 +632,7 @@ TRAINING_OVERLAP = 1.15
 TRAINING_OVERLAP_HOSTS = 2
 TRAINING_CORE_BOUND = 1.1
 TRAINING_CORE_BOUND_HOSTS = 4
-TRAINING_DEFAULTS = (
-    "ours CollectiveAllReduce",
-    "ours HierarchicalCollectiveAllReduce, 2 devices per host",
-    "ours in-graph MultiWorkerAllReduce pscpu, a shard per host",
-)
+TRAINING_DEFAULTS = training.DEFAULT_MODES
 
 
 def training_targets(jobs: Sequence[Job]) -> list[Target]:

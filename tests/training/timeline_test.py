@@ -150,6 +150,7 @@ def test_xspace_events_are_placed_on_the_wall_clock():
     # op at 3_500_000 ps (3.5 µs) into the line, 1_250_000 ps long: ts
     # (1e9 + 2e3) ns + 3.5 µs = 1_000_005.5 µs, dur 1.25 µs.
     from tensorflow.tsl.profiler.protobuf import xplane_pb2 as pb2
+
     space = pb2.XSpace(hostnames=["host"])
     env = space.planes.add(name="Task Environment")
     env.stat_metadata[1].name = "profile_start_time"

@@ -40,6 +40,14 @@ def tc(*args: str) -> str:
     return run(["tc", *args])
 
 
+def tbf(verb: str, where: list[str], dev: str, rate: str, burst: int) -> None:
+    """Adds ("add") or changes ("change") `dev`'s token bucket: `rate`
+    each way out of it, a bucket of `burst` bytes; `where` is ["-n", ns]
+    for a device in namespace ns, else []."""
+    tc(*where, "qdisc", verb, "dev", dev, "root", "tbf", "rate", rate,
+       "burst", str(burst), "latency", "100ms")  # fmt: skip
+
+
 def run(argv: list[str], check: bool = True) -> str:
     result = subprocess.run(argv, capture_output=True, text=True)
     if check and result.returncode != 0:

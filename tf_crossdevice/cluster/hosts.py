@@ -273,7 +273,8 @@ class EmulatedHosts:
             for where, dev in ((["-n", ns], "eth0"), ([], link)):
                 _commands.ip(*where, "link", "set", dev, "mtu", str(self.mtu))
                 _commands.ip(*where, "link", "set", dev, "up")
-                self._shape_new(where, dev)
+                _commands.tbf("add", where, dev, self.link_rate,
+                              _commands.FULL_BURST_BYTES)  # fmt: skip
             _commands.ip("link", "set", link, "master", self._bridge)
             _commands.ip(
                 "-n", ns, "addr", "add", f"{net}.{i + 1}/24", "dev", "eth0"
@@ -369,17 +370,10 @@ class EmulatedHosts:
         self._shape(host, self.link_rate, _commands.FULL_BURST_BYTES)
         _commands.ip("link", "set", host.link, "up")
 
-    def _shape_new(self, where: list[str], dev: str) -> None:
-        tbf = ["tbf", "rate", self.link_rate, "burst"]
-        tbf += [str(_commands.FULL_BURST_BYTES), "latency", "100ms"]
-        _commands.tc(*where, "qdisc", "add", "dev", dev, "root", *tbf)
-
     @staticmethod
     def _shape(host: Host, rate: str, burst: int) -> None:
         for where, dev in ((["-n", host.namespace], "eth0"), ([], host.link)):
-            _commands.tc(*where, "qdisc", "change", "dev", dev, "root", "tbf",
-                "rate", rate, "burst", str(burst),
-                "latency", "100ms")  # fmt: skip
+            _commands.tbf("change", where, dev, rate, burst)
 
     def _host(self, index: int) -> Host:
         return self.hosts[

@@ -157,8 +157,9 @@ def profile_step(
         A `StepProfile`, empty until the block ends; then its events hold
         every op and runtime activity of the host's threads during the
         block, and a STEP_EVENT ("profiled step") on a thread of its own,
-        spanning the block's wall-clock window. Left by an exception, it
-        stays empty.
+        spanning the block's wall-clock window (to the end of the last op
+        the profile saw, if an asynchronous op closed after the block's
+        wait returned). Left by an exception, it stays empty.
 
     Raises:
         tf.errors.AlreadyExistsError: another profiler is running in this
@@ -183,11 +184,20 @@ def profile_step(
         space = _read_xspace(logdir, profile_dir)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
-    profile.start_us, profile.end_us = start_ns / 1e3, end_ns / 1e3
+    events = _xspace_events(space, pid, name)
+    # An asynchronous op (a collective) closes its trace event a little
+    # after its result is handed on, so after the block's wait may have
+    # returned: the step lasts until the last op the profile saw ends.
+    last_op_end = max(
+        (e["ts"] + e["dur"] for e in events if e.get("cat") == "op"),
+        default=0.0,
+    )
+    profile.start_us = start_ns / 1e3
+    profile.end_us = max(end_ns / 1e3, last_op_end)
     if sent_before is not None and sent_after is not None:
         profile.sent_bytes = sent_after - sent_before
     profile.events = [
-        *_xspace_events(space, pid, name),
+        *events,
         *_step_events(pid, profile.start_us, profile.end_us),
     ]
 

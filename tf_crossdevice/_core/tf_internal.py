@@ -26,6 +26,7 @@ from tensorflow.python.eager import context as _context
 from tensorflow.python.framework import ops as _framework_ops
 from tensorflow.python.ops import collective_ops as _collective_ops
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 PerReplica = _values.PerReplica
 Mirrored = _values.Mirrored
@@ -137,10 +138,6 @@ def multi_worker_strategy_parts():
 
 def read_xspace(path: str):
     """The profiler's XSpace (`<host>.xplane.pb`) at `path`."""
-    # Imported on use: only a traced step needs it, and a TensorFlow that
-    # moved this private module must not break importing the package.
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())

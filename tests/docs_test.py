@@ -7,6 +7,7 @@ up to the next fence, as code, and the strict site build still passes.
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 
@@ -66,3 +67,151 @@ def test_the_pages_are_found():
         "docs/index.md",
         "docs/guides/between-hosts.md",
     } <= names
+
+
+# ---- The API reference's list of public names ----------------------------
+
+API_INDEX = REPO / "docs" / "api" / "index.md"
+BEGIN = "<!-- public names: written by `python tests/docs_test.py` -->"
+END = "<!-- end of public names -->"
+
+# Each module an API page renders (`::: module`), in the order of the
+# site's navigation, with its page and the name it is imported by.
+API_PAGES = [
+    ("tf_crossdevice.ops", "ops.md"),
+    ("tf_crossdevice.collective", "collective.md"),
+    ("tf_crossdevice.cluster", "cluster.md"),
+    ("tf_crossdevice.cluster.processes", "cluster.md"),
+    ("tf_crossdevice.cluster.hosts", "cluster.md"),
+    ("tf_crossdevice.tuning", "tuning.md"),
+    ("tf_crossdevice.tuning.cost_model", "tuning.md"),
+    ("tf_crossdevice.tuning.measure", "tuning.md"),
+    ("tf_crossdevice.training", "training.md"),
+    ("tf_crossdevice.algorithms", "algorithms.md"),
+    ("tf_crossdevice.packing", "packing.md"),
+    ("tf_crossdevice.compression", "compression.md"),
+    ("tf_crossdevice.testing", "testing.md"),
+    ("tf_crossdevice.launch", "launch.md"),
+    ("compat", "compat.md"),
+    ("compat.upgrade", "compat.md"),
+]
+
+
+def _runtime_name(module: str) -> str:
+    """The name a page's module is imported by (compat/ is installed as
+    tf_crossdevice.compat; the site reads it as the top-level `compat`)."""
+    return "tf_crossdevice." + module if module.startswith("compat") else module
+
+
+def _summary(docstring) -> str:
+    """A docstring's first paragraph on one line ('' without one); a `|`
+    would end its table cell."""
+    if docstring is None:
+        return ""
+    first = docstring.value.strip().split("\n\n")[0]
+    return " ".join(first.split()).replace("|", "\\|")
+
+
+def _is_literal(text: str) -> bool:
+    try:
+        ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return False
+    return True
+
+
+def _attribute_summary(member) -> str:
+    """What an undocumented constant or alias is: its value, when short and
+    public."""
+    value = str(getattr(member, "value", "") or "")
+    private = re.search(r"(^|\.)_[a-z]", value)
+    call = "(" in value and not _is_literal(value)
+    if value and len(value) <= 60 and not (private or call or "\n" in value):
+        return f"`= {value}`".replace("|", "\\|")
+    return ""
+
+
+def public_names_markdown() -> str:
+    """The tables of public names that docs/api/index.md holds between
+    BEGIN and END: `tf_crossdevice.__all__`, then each page's module's
+    `__all__`, each name linked to its documentation, with its summary
+    (read from the docstrings by Griffe, as the site does)."""
+    import importlib
+
+    griffe = pytest.importorskip("griffe")
+    loader = griffe.GriffeLoader(search_paths=[str(REPO)])
+    roots = {name: loader.load(name) for name in ("tf_crossdevice", "compat")}
+    loader.resolve_aliases(external=False, implicit=False)
+
+    def member(path: str):
+        root, _, rest = path.partition(".")
+        return roots[root][rest] if rest else roots[root]
+
+    def row(name: str, path: str) -> str:
+        found = member(path)
+        try:
+            text = _summary(found.docstring) or _attribute_summary(found)
+        except griffe.AliasResolutionError:  # an alias of TensorFlow's
+            text = ""
+        return f"| [`{name}`][{path}] | {text or '—'} |"
+
+    modules = {
+        page_module: importlib.import_module(_runtime_name(page_module))
+        for page_module, _ in API_PAGES
+    }
+    top = importlib.import_module("tf_crossdevice")
+
+    def home(name: str) -> str:
+        """Where a top-level name is documented: its module's page, or
+        the first page whose module exports the same object."""
+        value = getattr(top, name)
+        for page_module, module in modules.items():
+            if getattr(value, "__name__", None) == module.__name__:
+                return page_module
+        for page_module, module in modules.items():
+            if getattr(module, name, None) is value and name in module.__all__:
+                return f"{page_module}.{name}"
+        raise AssertionError(f"tf_crossdevice.{name} is on no API page")
+
+    header = ["| name | what it is |", "| --- | --- |"]
+    out = [
+        "## Top level",
+        "",
+        "What `import tf_crossdevice` gives; each name links to the page",
+        "of the folder that defines it.",
+        "",
+        *header,
+        *(row(name, home(name)) for name in top.__all__),
+    ]
+    for page_module, page in API_PAGES:
+        shown = page_module
+        if page_module.startswith("compat"):
+            shown = "tf_crossdevice." + page_module
+        out += ["", f"## [{shown}]({page})", "", *header]
+        out += [
+            row(name, f"{page_module}.{name}")
+            for name in modules[page_module].__all__
+        ]
+    return "\n".join(out)
+
+
+def test_the_api_index_lists_every_public_name():
+    """docs/api/index.md's tables are what the code exports; on a
+    mismatch, `python tests/docs_test.py` rewrites them."""
+    text = API_INDEX.read_text()
+    assert BEGIN in text and END in text, f"{API_INDEX}: no {BEGIN}"
+    written = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert written == public_names_markdown()
+
+
+def _write_api_index() -> None:
+    text = API_INDEX.read_text()
+    before, _, rest = text.partition(BEGIN)
+    _, _, after = rest.partition(END)
+    API_INDEX.write_text(
+        f"{before}{BEGIN}\n\n{public_names_markdown()}\n\n{END}{after}"
+    )
+
+
+if __name__ == "__main__":
+    _write_api_index()

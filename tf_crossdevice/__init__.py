@@ -4,12 +4,14 @@ Pass the single-worker classes as `cross_device_ops=` to
 `tf.distribute.MirroredStrategy`, and the collective classes to
 `tf_crossdevice.MultiWorkerMirroredStrategy` on every worker.
 
-The folders, from the bottom up: `_core` (checks, device strings, TF
-privates), `compression`, `packing`, `algorithms`, `ops` (the single-process
-classes), `collective` (between-graph classes and the strategy), `cluster`
-(worker processes), `tuning` (measuring, autotune, cost model, selection),
-`training` (gradient accumulation: one all-reduce per `k` micro-batches).
-Each folder's docstring says what it may import; `.importlinter` checks it.
+The subpackages: `ops` (the single-process classes), `collective` (the
+between-graph classes and the strategy), `tuning` (measuring, autotune,
+cost model, selection), `training` (gradient accumulation: one all-reduce
+per `k` micro-batches; preemption; a step's timeline), `cluster` (worker
+processes on this machine), and what the classes are built from:
+`algorithms`, `packing` and `compression`. `testing` gives tests and
+examples several devices on one host, `launch` starts a job's workers on
+this machine, and `compat` holds the legacy names.
 """
 
 from tf_crossdevice._core import requirements as _requirements

@@ -9,6 +9,4 @@ TensorFlow this package needs, `workers` groups devices by worker and
 `network` asks whether a worker's port answers.
 
 Nothing here is public. Every other folder may import from `_core`.
-
-May import: nothing of the package outside itself.
 """

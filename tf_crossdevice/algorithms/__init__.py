@@ -1,15 +1,20 @@
-"""The all-reduce algorithms, one module each, with their pure schedules.
+"""The all-reduce algorithms, by name, and TF 1's `all_reduce_spec` grammar.
 
-Every algorithm is a builder with one call shape (`_protocol`), registered
-by name in `_registry`; two-level algorithms (`inner/outer`) are composed
-from the registry. How values cross workers (a 16-bit codec or none, and
-which links count as crossing) is one `tf_crossdevice.compression.WirePolicy`,
-the `wire=` keyword of every factory. A builder's schedule (who sends which
-chunk to whom) is pure Python beside it (`_ring_schedule.py` beside
-`_ring.py`), so it can be tested without TensorFlow. `_spec` parses TF 1's
-`all_reduce_spec` grammar.
+Every algorithm is a builder with one call shape (one tensor per device
+in, the i-th sum on the i-th tensor's device out), registered by name:
+`algorithm_names` lists the single-level names, `check_algorithm` checks
+a name and `describe_algorithms` says what a name may be, and `build`
+returns the builder for a name. Two-level names (`inner/outer`, split by
+`split_two_level`) are composed from the registry. `all_reduce_batch`
+sums a batch of values with a builder; `sum_on_device` sums on one device.
+How values cross workers (a 16-bit codec or none, and which links count
+as crossing) is one `tf_crossdevice.compression.WirePolicy`, the `wire=`
+keyword of `build`.
 
-May import: `_core`, `compression`.
+`parse_all_reduce_spec` reads TF 1's `all_reduce_spec` (in either form)
+as `AllReduceSpecTuple` ranges, `select_range` picks the range that
+reduces a tensor of a given size, and `format_all_reduce_spec` writes a
+spec in the canonical string grammar.
 """
 
 from tf_crossdevice.algorithms._protocol import all_reduce_batch

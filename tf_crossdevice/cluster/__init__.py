@@ -1,16 +1,14 @@
 """TensorFlow worker processes on this machine, and clients that drive them.
 
-`processes` starts, watches and stops every child process of the package
-(workers, local jobs, the benchmark's sides, test clients); `hosts` builds
-emulated hosts (network namespaces on shaped links) with the commands of
-`_commands` (ip, tc, one builder at a time); `_local` starts
-gRPC worker servers (`start_local_cluster`); `_in_graph` drives replicas
-on remote workers from one client (`WorkerReplicas`); `serve` runs a
-worker server whose SIGTERM becomes a preemption notice for that client
-(`_notices`). The launcher's
-command line is `tf_crossdevice.launch`.
-
-May import: `_core`.
+`start_local_cluster` starts gRPC worker servers as child processes (a
+`LocalCluster`); `WorkerReplicas` drives replicas on remote workers from
+one client, and a step that cannot reach a worker raises
+`WorkerUnreachableError`; `serve` runs a worker server whose SIGTERM
+becomes a preemption notice for that client. `processes` starts, watches
+and stops every child process of the package (workers, local jobs, the
+benchmark's sides, test clients); `hosts` builds emulated hosts (network
+namespaces on shaped links). The launcher's command line is
+`tf_crossdevice.launch`.
 """
 
 from tf_crossdevice.cluster import hosts, processes

@@ -1,18 +1,15 @@
 """Between-graph reductions on TensorFlow's collective ops, and our strategy.
 
-`_runtime` turns collectives on between processes; `_group` is one
-collective group and the ops its members launch; `_reducer` the reducer
-both classes are built on (binding, options, groups, traced functions,
-gather), with a step that sums: `_all_reduce` CollectiveAllReduce and its
-flat step, `_hierarchical` HierarchicalCollectiveAllReduce and its
-hierarchical step; `_sparse` IndexedSlices through collectives;
-`_launch_order` the order of a step's collectives; `_strategy`
-MultiWorkerMirroredStrategy, `_default` the collective it picks when given
-none;
-`_peers` names the peers a failed collective cannot reach; `_stall`
-reports the slow or unreachable peers of a step that waits too long.
-
-May import: `_core`, `compression`, `packing`, `algorithms`, `ops`.
+`CollectiveAllReduce` sums every replica's value in one collective group;
+`HierarchicalCollectiveAllReduce` reduces locally, runs one collective per
+worker and copies the sums back to the local devices.
+`MultiWorkerMirroredStrategy` is our between-graph strategy (given no
+`cross_device_ops`, it picks one of the two), and `CollectiveCluster` is
+this process's place in its cluster. `enable_collectives` starts this
+task's gRPC server and lets it run collective ops, `wait_for_peers`
+returns once every peer's server answers, and `reporting_unreachable_peers`
+names the peers a failed collective cannot reach and reports a step that
+waits too long.
 """
 
 from tf_crossdevice.collective._all_reduce import CollectiveAllReduce

@@ -2,8 +2,6 @@
 pays, PowerSGD's low-rank compression with error feedback, and the
 `WirePolicy` that picks one of them (or neither) for a reduction and says
 which links cross workers.
-
-May import: `_core`.
 """
 
 from tf_crossdevice.compression._codec import (

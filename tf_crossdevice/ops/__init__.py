@@ -1,13 +1,16 @@
 """The adapter every CrossDeviceOps class is, and the single-process classes.
 
-`_adapter` is `CrossDeviceOpsAdapter`: TensorFlow's CrossDeviceOps hooks on
-a reducer (`_core.reducer`), the one place where arguments are checked,
-destinations resolved, MEAN divided and results routed. `_in_process` is
-the reducer of one process or one graph. `_single_host` holds
-ReductionToOneDevice, AllReduceCrossDeviceOps, NcclAllReduce and
-HierarchicalCopyAllReduce; `_spec` SpecAllReduce; `_multi_worker`
-MultiWorkerAllReduce (in-graph, across workers); `_default` the class that
-suits a list of devices, by their links (`_links`).
+`ReductionToOneDevice`, `AllReduceCrossDeviceOps`, `NcclAllReduce`,
+`HierarchicalCopyAllReduce` and `SpecAllReduce` reduce within one process;
+`MultiWorkerAllReduce` reduces in-graph, across workers.
+`default_cross_device_ops` is the class that suits a list of devices, by
+their links (a `LinkMatrix`; `dgx1_link_matrix`, `check_link_matrix`).
+
+Every class is a `CrossDeviceOpsAdapter`: TensorFlow's CrossDeviceOps
+hooks on a reducer, the one place where arguments are checked,
+destinations resolved, MEAN divided and results routed. `InProcessReducer`
+is the reducer of one process or one graph; `wire_of` reads any class's
+`tf_crossdevice.compression.WirePolicy`.
 
 Also public, for code that builds distributed values and destinations by
 hand (the legacy layer `tf_crossdevice.compat` does):
@@ -16,8 +19,6 @@ hand (the legacy layer `tf_crossdevice.compat` does):
   private to TensorFlow; the classes here take and return them.
 - `resolve_destinations`: destinations as canonical device strings, by the
   rule every class here applies to its `destinations` argument.
-
-May import: `_core`, `compression`, `packing`, `algorithms`.
 """
 
 from tf_crossdevice._core.tf_internal import Mirrored, PerReplica

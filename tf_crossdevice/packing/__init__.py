@@ -1,15 +1,18 @@
 """Packing many tensors into fewer, larger ones before they are reduced.
 
-`_plan` decides (pure Python: which tensors go together, split sizes),
-`_pack` does it in TensorFlow, `_packed_all_reduce` validates the packing
-arguments of the single-worker all-reduce classes (`check_packing`) and
-packs, all-reduces (with a callable it is given) and unpacks their values
-(`packed_all_reduce`). For the collective classes, `_collective_plan`
-groups the values of one collective step into packs (pure Python) and
-`_collective_pack` sizes the tensors for it and flattens and unflattens a
-pack in TensorFlow.
+For the single-worker all-reduce classes, `check_packing` validates their
+packing arguments, `packing_scheme` says which `PackingScheme` they
+select, and `packed_all_reduce` packs, all-reduces (with a
+`BatchAllReduce` it is given) and unpacks their values. `make_packer`
+plans a `Packer` from `concat_and_split_plan` or `small_tensor_plan`
+(pure Python: which tensors go together, split sizes), and
+`PackedAllReduce` is an algorithm's batch all-reduce after packing.
 
-May import: `_core`.
+For the collective classes, `collective_packs` groups the values of one
+collective step into packs (pure Python; `plan_packs` for tensors;
+`bytes_per_pack=0` without a merge scope gives packs of
+`DEFAULT_BYTES_PER_PACK`), and `flatten_pack` and `unflatten_pack`
+flatten and unflatten a pack in TensorFlow.
 """
 
 from tf_crossdevice.packing._collective_pack import (

@@ -1,25 +1,26 @@
 """Training-loop helpers: traffic between replicas, preemption, a step's
 timeline.
 
-`_accumulate` holds `GradientAccumulator`: `k` micro-batches per
-all-reduce (gradient accumulation), so that the wire between hosts carries
-1/k of the gradient traffic of one all-reduce per micro-batch.
+`GradientAccumulator`: `k` micro-batches per all-reduce (gradient
+accumulation), so that the wire between hosts carries 1/k of the gradient
+traffic of one all-reduce per micro-batch.
 
-`_preemption` holds `PreemptionWatcher`: a SIGTERM on any worker becomes
-one stop step that every worker agrees on (through a tiny all-reduce), so
-that they all save a checkpoint at that step and leave cleanly.
+`PreemptionWatcher`: a SIGTERM on any worker becomes one stop step that
+every worker agrees on (through a tiny all-reduce), so that they all save
+a checkpoint at that step and leave cleanly.
 
-`_timeline` holds `profile_step`: one step recorded by TensorFlow's
-profiler, every op of every host thread (the forward and backward passes
-beside each pack's all-reduce), as Chrome trace events that Perfetto UI,
-chrome://tracing and TensorBoard's profile plugin open offline;
-`write_trace` and `merge_traces` write one worker's file and join several
-workers' into one, and `summarize_trace` reads back the all-reduce's share
-of the step (the union of the collective ops' intervals over its wall time).
+`profile_step`: one step recorded by TensorFlow's profiler (a
+`StepProfile`), every op of every host thread (the forward and backward
+passes beside each pack's all-reduce), as Chrome trace events that
+Perfetto UI, chrome://tracing and TensorBoard's profile plugin open
+offline; `write_trace` and `merge_traces` write one worker's file and
+join several workers' into one, and `summarize_trace` reads back the
+all-reduce's share of the step (a `StepSummary` per process: the union
+of the collective ops' intervals over its wall time).
 
-May import: `_core`, `cluster`. Through TensorFlow's public API (and, for
-the timeline, the profiler's file format) it works with any strategy and
-CrossDeviceOps of the package (it needs none of them by name).
+These work with any strategy and CrossDeviceOps of the package, through
+TensorFlow's public API (and, for the timeline, the profiler's file
+format).
 """
 
 from tf_crossdevice.training._accumulate import GradientAccumulator

@@ -100,6 +100,13 @@ class CrossDeviceOps(
     def _broadcast(self, tensor: Any, destinations: Any) -> Any:
         return super().broadcast_implementation(tensor, destinations)
 
+    def __repr__(self) -> str:
+        # The base classes take no arguments; a subclass's own constructor
+        # is unknown here, so it keeps Python's repr.
+        if type(self) in (CrossDeviceOps, CrossTowerOps):
+            return f"{type(self).__name__}()"
+        return super().__repr__()
+
 
 class CrossTowerOps(CrossDeviceOps, TF1Results, tf.distribute.CrossDeviceOps):
     """TF 1's CrossTowerOps: the base class, with TF 1's value contract.
@@ -207,7 +214,9 @@ AllReduceSpecTuple.__doc__ = """TF 1's named (alg, shards, limit) spec tuple.
 
 >>> spec = AllReduceSpecTuple("pscpu", 1, -1)
 >>> tf_crossdevice.MultiWorkerAllReduce(["/job:localhost"], 0, [spec])
-<...MultiWorkerAllReduce object at ...>
+MultiWorkerAllReduce(worker_devices=['/job:localhost'], \
+num_gpus_per_worker=0, all_reduce_spec=[AllReduceSpecTuple(alg='pscpu', \
+shards=1, limit=-1)])
 """
 
 

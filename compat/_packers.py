@@ -8,6 +8,7 @@ CrossDeviceOps classes now pack for themselves (`num_packs=`,
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,16 @@ class _Packer:
         self._plan = plan
         self._packer: packing.Packer | None = None
         self._grouped: list[list[tuple[Any, Any]]] = []
+
+    def __repr__(self) -> str:
+        # The constructor call, arguments at their defaults left out; each
+        # packer keeps its arguments as attributes of the same names.
+        parameters = inspect.signature(type(self)).parameters.values()
+        given = {p.name: (getattr(self, p.name), p.default) for p in parameters}
+        parts = [
+            f"{k}={v!r}" for k, (v, default) in given.items() if v != default
+        ]
+        return f"{type(self).__name__}({', '.join(parts)})"
 
     def pack(self, grouped_grads_and_vars: GradsAndVars) -> list[Any]:
         """Per device, `[(pack, None), ...]` from `[(grad, var), ...]`."""

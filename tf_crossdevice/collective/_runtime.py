@@ -28,7 +28,7 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from tf_crossdevice._core import checks, tf_internal
+from tf_crossdevice._core import checks, reprs, tf_internal
 from tf_crossdevice._core import devices as devices_lib
 
 _PEER_POLL_SECONDS = 0.2
@@ -36,8 +36,9 @@ _PEER_PROBE_MS = 1000
 _WAITING_LOG_SECONDS = 30.0
 
 
-@dataclasses.dataclass(frozen=True)
-class CollectiveCluster:
+# repr=False: ConstructorRepr writes the cluster spec as the tf. call.
+@dataclasses.dataclass(frozen=True, repr=False)
+class CollectiveCluster(reprs.ConstructorRepr):
     """This process's place in a collective cluster.
 
     >>> spec = tf.train.ClusterSpec(

@@ -45,7 +45,7 @@ import tensorflow as tf
 
 from tf_crossdevice._core import checks as _checks
 from tf_crossdevice._core import devices as devices_lib
-from tf_crossdevice._core import tf_internal, values
+from tf_crossdevice._core import reprs, tf_internal, values
 from tf_crossdevice.collective import _runtime as collective_runtime
 from tf_crossdevice.collective._all_reduce import CollectiveAllReduce
 from tf_crossdevice.collective._default import default_collective
@@ -57,7 +57,9 @@ from tf_crossdevice.ops import CrossDeviceOpsAdapter
 _Strategy, _TFExtended = tf_internal.multi_worker_strategy_parts()
 
 
-class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+class MultiWorkerMirroredStrategy(
+    reprs.ConstructorRepr, tf.distribute.MultiWorkerMirroredStrategy
+):
     """Between-graph synchronous training with tf_crossdevice's collectives.
 
     Without `TF_CONFIG` (or a cluster) one process trains alone:

@@ -21,14 +21,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice._core import checks, values
+from tf_crossdevice._core import checks, reprs, values
 from tf_crossdevice._core.reducer import Batch, Devices, Reducer
 from tf_crossdevice._core.values import Item, ReduceOp, no_autograph
 from tf_crossdevice.algorithms import sum_on_device
 from tf_crossdevice.compression import WirePolicy
 
 
-class CrossDeviceOpsAdapter(tf.distribute.CrossDeviceOps):
+class CrossDeviceOpsAdapter(
+    reprs.ConstructorRepr, tf.distribute.CrossDeviceOps
+):
     """A `tf.distribute.CrossDeviceOps` whose reductions its reducer does.
 
     The package's classes (`ReductionToOneDevice`, `CollectiveAllReduce`,

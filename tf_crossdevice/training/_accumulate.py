@@ -27,7 +27,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_crossdevice._core import checks
+from tf_crossdevice._core import checks, reprs
 
 __all__ = ["GradientAccumulator"]
 
@@ -124,6 +124,15 @@ class GradientAccumulator(tf.Module):
                 # Every replica counts the same micro-batches.
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )
+
+    def __repr__(self) -> str:
+        return reprs.call_repr(
+            type(self),
+            # A list again: tf.Module wrapped it to track the variables.
+            variables=list(self._variables),
+            steps=self.steps,
+            name=self.name,
+        )
 
     def accumulate(self, gradients: Sequence[Any]) -> None:
         """Adds one micro-batch's gradients to this replica's sums.

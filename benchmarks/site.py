@@ -1,14 +1,22 @@
-"""Writes the documentation site's benchmark page from the records.
+"""Writes the documentation site's benchmark pages from the records.
 
-    python -m benchmarks.site  # benchmarks/records/*.json -> the page
+    python -m benchmarks.site  # benchmarks/records/*.json -> the pages
 
-Every figure on the page (docs/benchmark/index.md) comes from a record
-(`records.Run.read`), so the page is rewritten, never edited: per record,
-the date, machine and command it stored, a summary table (one row per
-group: TF's best and ours, with their net times from the confirmation
-rounds and the ratios), and one table per group with every candidate.
-tests/benchmarks/site_test.py checks that the committed page is what this
-command writes from the committed records.
+Every figure on them comes from a record (`records.Run.read`), so the pages
+are rewritten, never edited:
+
+- docs/benchmark/index.md answers what a reader asks first: a summary of
+  who wins where (`benchmarks.summary`) and one section per question, from
+  each suite's record (`canonical.pick`), with the plots the site build
+  draws from the same records (`benchmarks.plots`, as
+  `plots/*.svg`);
+- docs/benchmark/records.md has every record, titled by what it measured
+  (`title`): its date, machine and command, a table of each group's best
+  (TF's best and ours, net times from the confirmation rounds, ratios)
+  and one table per group with every candidate.
+
+tests/benchmarks/site_test.py checks that the committed pages are what
+this command writes from the committed records.
 
 >>> group = records.Group("single_process", "w", "", 2, 1, 8, 2, "float32")
 >>> records.add_results(group, [
@@ -28,7 +36,8 @@ import re
 import sys
 from collections.abc import Sequence
 
-from benchmarks import records, targets
+from benchmarks import canonical, records, summary, targets
+from benchmarks.plots import PLOTS
 from benchmarks.report import (
     format_ms,
     format_ratio,
@@ -37,22 +46,27 @@ from benchmarks.report import (
 )
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# The run records are data beside the benchmark; the page they give is the
-# documentation site's.
+# The run records are data beside the benchmark; the pages they give are
+# the documentation site's.
 RECORDS_DIR = REPO / "benchmarks/records"
 PAGE = REPO / "docs/benchmark/index.md"
+RECORDS_PAGE = REPO / "docs/benchmark/records.md"
 
-_INTRO = """\
-# Benchmark
-
+_GENERATED = """\
 <!-- Written by `python -m benchmarks.site` from benchmarks/records/*.json:
      do not edit; run the command again after adding a record. -->
+"""
 
+_RECORDS_INTRO = f"""\
+# All records
+
+{_GENERATED}
 Each section below is one benchmark record in `benchmarks/records/` (its
-JSON holds every sample). The benchmark reduces (SUM) the same tensors with ours
-and TensorFlow's built-ins inside `tf.function`, in interleaved rounds
-after a warm-up, checks every result against numpy before timing it, and
-times the best of each family again side by side (confirmation rounds).
+JSON holds every sample), titled by what it measured. The benchmark reduces
+(SUM) the same tensors with ours and TensorFlow's built-ins inside
+`tf.function`, in interleaved rounds after a warm-up, checks every result
+against numpy before timing it, and times the best of each family again
+side by side (confirmation rounds).
 
 - **time**: median step time minus the baseline step's (the step that only
   produces the inputs), in milliseconds; confirmation rounds where the
@@ -61,7 +75,8 @@ times the best of each family again side by side (confirmation rounds).
   TensorFlow built-in in that group).
 - **roofline**: roofline time / this time (the roofline is measured in
   the same run: the fastest plain sum in one process, a TCP loopback copy
-  between worker processes).
+  between worker processes; on emulated hosts, the wire's 2(p-1)/p*S at
+  the link rate).
 """
 
 
@@ -229,14 +244,68 @@ def pack_size_table(groups: Sequence[records.Group]) -> str | None:
     return _table(header, rows)
 
 
+_WORKLOADS = {
+    "resnet50": "ResNet-50's gradients",
+    "bert_base": "BERT-base's gradients",
+    "many_small": "many small tensors",
+}
+
+
+def _where(groups: Sequence[records.Group]) -> list[str]:
+    """Where the groups ran, a phrase per kind of setting."""
+    kinds: dict[str, set[int]] = {}
+    for g in groups:
+        local = f" x {g.local_devices} devices" if g.local_devices > 1 else ""
+        if g.setting == "single_process":
+            kind = "logical CPUs in one process"
+        elif g.link_rate is not None:
+            kind = f"emulated hosts at {g.link_rate}{local}"
+        else:
+            kind = f"worker processes on loopback{local}"
+        kinds.setdefault(kind, set()).add(g.num_replicas)
+    return [
+        f"{', '.join(map(str, sorted(counts)))} {kind}"
+        for kind, counts in kinds.items()
+    ]
+
+
+def title(run: records.Run) -> str:
+    """What a record measured, e.g. "ResNet-50's gradients on 2, 3 emulated
+    hosts at 1gbit; autotune (60 s budget)".
+
+    >>> g = records.Group("multi_worker", "resnet50", "", 2, 1, 8, 2,
+    ...                   "float32", link_rate="1gbit")
+    >>> title(records.Run({}, {}, [g], []))
+    "ResNet-50's gradients on 2 emulated hosts at 1gbit"
+    """
+    workloads = dict.fromkeys(
+        _WORKLOADS.get(g.workload, g.workload) for g in run.groups
+    )
+    what = " and ".join(workloads)
+    text = f"{what} on {'; '.join(_where(run.groups))}" if what else ""
+    if run.training:
+        hosts = sorted({j.hosts for j in run.training})
+        job = f"the example job on {', '.join(map(str, hosts))} emulated hosts"
+        text = f"{text}, then {job}" if text else job[0].upper() + job[1:]
+    names = {r.name for g in run.groups for r in g.results}
+    extras = sorted(
+        {n for n in names if n.startswith(targets.AUTOTUNE)}
+        | ({"PowerSGD"} if any(targets.POWERSGD in n for n in names) else set())
+    )
+    if pack_size_table(run.groups):
+        extras.append("pack sizes")
+    return "; ".join([text, *extras])
+
+
 def record_section(name: str, run: records.Run) -> str:
-    """One record: what it says about its run, then its tables."""
-    lines = [f"## {name}", ""]
+    """One record: what it measured, what it says about its run, then its
+    tables; `<a id=NAME>` keeps links to the record by file name."""
+    lines = [f'<a id="{name}"></a>', "", f"## {title(run)}", ""]
     meta = run.meta
-    for key in ("date", "machine"):
-        if meta.get(key):
-            lines.append(f"- {key}: {meta[key]}")
     lines.append(f"- record: `benchmarks/records/{name}.json`")
+    for key in ("date", "machine", "note"):
+        if meta.get(key):
+            lines.append(f"- {key}: {_cell(meta[key])}")
     if meta.get("command"):
         lines += ["", "```sh", str(meta["command"]), "```"]
     lines.append("")
@@ -248,39 +317,92 @@ def record_section(name: str, run: records.Run) -> str:
     if run.training:
         lines += ["The example job on emulated hosts:", ""]
         lines += [*training_table(run.training), ""]
+    if run.targets:
         lines += [f"- {targets.line(t)}" for t in run.targets] + [""]
     if run.skipped:
         lines += ["Left out of this run:", ""]
         lines += [f"- {k}: {v}" for k, v in sorted(run.skipped.items())]
         lines.append("")
     for g in run.groups:
-        title = f"{g.workload}, {setting(g)}"
-        lines += [f"### {name}: {title}", ""]
+        lines += [f"### {g.workload}, {setting(g)} ({name})", ""]
         if g.note:
             lines += [_cell(g.note), ""]
         lines += [entries_table(g), ""]
     return "\n".join(lines)
 
 
-def page(runs: Sequence[tuple[str, records.Run]]) -> str:
-    """The whole page for (name, record) pairs, in the order given."""
-    parts = [_INTRO]
+def records_page(runs: Sequence[tuple[str, records.Run]]) -> str:
+    """The All records page for (name, record) pairs, in the order given."""
+    parts = [_RECORDS_INTRO]
     parts += [record_section(name, run) for name, run in runs]
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
+def page(runs: Sequence[tuple[str, records.Run]]) -> str:
+    """The benchmark page: the summary and the questions it answers, from
+    each suite's record among `runs`.
+
+    Raises:
+        canonical.CanonicalError: a suite without a record, or with two.
+    """
+    picked = canonical.pick(runs)
+    one = canonical.require(picked, canonical.SINGLE_HOST)
+    hosts = canonical.require(picked, canonical.HOSTS)
+    rows = summary.rows(picked)
+    lines = [
+        "# Benchmark",
+        "",
+        _GENERATED,
+        "Who wins where, from each suite's latest record: one host from "
+        f"[`{one.name}`](records.md#{one.name}) ({one.why}); between hosts "
+        f"and the example job from [`{hosts.name}`](records.md#{hosts.name}) "
+        f"({hosts.why}). [All records](records.md) has every record with its "
+        "machine, command and every candidate's time.",
+        "",
+        "## Summary",
+        "",
+        "One host: ResNet-50's gradients on logical CPU devices. Between "
+        "hosts: the same gradients, one worker per emulated host, links "
+        f"shaped to {summary.host_groups(hosts.run)[0].link_rate} each way, "
+        "an equal share of the machine's cores each. The training job: "
+        "examples/s of the example job (`benchmarks.training`).",
+        "",
+        summary.table(rows),
+        "",
+        "In brackets: how many times TensorFlow's best ours is (above 1: "
+        "ours is faster). Bound: one host, the fastest plain sum of the "
+        "same bytes in the same run; between hosts, the wire roofline "
+        "2(p-1)/p x size / link rate; the job's record has none. Fastest "
+        "leaves PowerSGD out (it changes the training); the hosts' table "
+        "below has it. Which configuration each cell is:",
+        "",
+        *summary.names(rows),
+        "",
+        summary.questions(picked, PLOTS_DIR, list(PLOTS)),
+    ]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# Where the site build puts the plots (benchmarks.mkdocs_hooks), relative
+# to the benchmark page.
+PLOTS_DIR = "plots"
+
+
 def read_records(directory: pathlib.Path) -> list[tuple[str, records.Run]]:
     """Every `*.json` record of `directory`, by file name."""
-    paths = sorted(directory.glob("*.json"))
-    return [(p.stem, records.Run.read(p)) for p in paths]
+    return canonical.read(directory)
 
 
 def write(
-    directory: pathlib.Path = RECORDS_DIR, output: pathlib.Path = PAGE
-) -> pathlib.Path:
-    """Writes the page for `directory`'s records to `output`."""
-    output.write_text(page(read_records(directory)))
-    return output
+    directory: pathlib.Path = RECORDS_DIR,
+    output: pathlib.Path = PAGE,
+    records_output: pathlib.Path = RECORDS_PAGE,
+) -> tuple[pathlib.Path, pathlib.Path]:
+    """Writes both pages for `directory`'s records."""
+    runs = read_records(directory)
+    output.write_text(page(runs))
+    records_output.write_text(records_page(runs))
+    return output, records_output
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -297,8 +419,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=PAGE,
         help="the page to write (default: docs/benchmark/index.md)",
     )
+    parser.add_argument(
+        "--records_output",
+        type=pathlib.Path,
+        default=RECORDS_PAGE,
+        help="the All records page (default: docs/benchmark/records.md)",
+    )
     args = parser.parse_args(argv)
-    print(f"wrote {write(args.records_dir, args.output)}")
+    for path in write(args.records_dir, args.output, args.records_output):
+        print(f"wrote {path}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import keras
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from absl import logging as absl_logging
+from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
 import tf_crossdevice
 from tf_crossdevice import testing
@@ -106,14 +108,50 @@ def test_second_call_reads_the_cache_and_builds_nothing(tmp_path, monkeypatch):
     stored = json.loads(cache_file.read_text())
     assert _configs.from_json(stored["config"]) == first.autotune_result.config
     spy = PrepareSpy(monkeypatch)
+    lines = []
+    monkeypatch.setattr(
+        absl_logging, "info", lambda msg, *args: lines.append(msg % args)
+    )
     second = tf_crossdevice.autotune(
         GRADIENTS, devices, budget_seconds=BUDGET, cache_dir=tmp_path
     )
     assert spy.calls == 0
+    # One line says the choice came from the cache, and where that is.
+    (line,) = lines
+    assert f"read from the cache file {cache_file} " in line
+    assert f"with a {BUDGET:g} s budget" in line
     assert second.autotune_result.from_cache
     assert second.autotune_result.config == first.autotune_result.config
     assert second is not first
     batch_sums_like_numpy(second, devices, seed=1)
+
+
+def test_autotune_logs_no_retracing_warning(tmp_path, monkeypatch, caplog):
+    """Six candidates (more than the 5 traces TensorFlow tolerates of one
+    function) each trace their own step functions once: none of them is a
+    function retraced."""
+    # TensorFlow warns at most twice per function over the process's life:
+    # a fresh count, so that earlier tests cannot have used them up.
+    monkeypatch.setattr(
+        polymorphic_function,
+        "_frequent_tracing_detector_manager",
+        polymorphic_function._FrequentTracingDetectorManager(),
+    )
+    monkeypatch.setattr(_autotune, "time", TenthSpeedClock())
+    candidates = _candidates.timed_candidates
+    monkeypatch.setattr(
+        _candidates, "timed_candidates", lambda t, g: candidates(t, g)[:6]
+    )
+    spy = PrepareSpy(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        tf_crossdevice.autotune(
+            GRADIENTS,
+            testing.cpu_devices(2),
+            budget_seconds=3,
+            cache_dir=tmp_path,
+        )
+    assert spy.calls == 6
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
 
 
 def test_the_cache_key_ignores_device_names_but_not_the_gradients(tmp_path):

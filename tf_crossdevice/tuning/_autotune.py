@@ -109,8 +109,9 @@ def autotune(
     TensorFlow and package versions), the gradients' shapes and dtypes and
     the list of candidates (a choice among other candidates is not reused).
     A later call with the same ones returns the cached choice without
-    measuring, unless that was measured with a smaller budget and left
-    candidates out. Delete the file to measure again. Unreadable files are
+    measuring (logged at INFO, with the file's path), unless that was
+    measured with a smaller budget and left candidates out. Delete the file
+    to measure again. Unreadable files are
     ignored with a warning; writes are atomic.
 
     Across workers only in-graph reductions can be timed from one client:
@@ -164,7 +165,15 @@ def autotune(
     if entry is not None and (
         entry["complete"] or entry["budget_seconds"] >= budget_seconds
     ):
-        logging.info("autotune: %s (cached in %s)", entry["label"], path)
+        logging.info(
+            "autotune: %s, read from the cache file %s (measured %s with a "
+            "%g s budget); nothing measured now: delete the file to measure "
+            "again",
+            entry["label"],
+            path,
+            entry.get("measured_at", "earlier"),
+            entry["budget_seconds"],
+        )
         return _with_result(
             make_ops(entry["config"], topology),
             AutotuneResult(

@@ -53,6 +53,27 @@ def sink(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.constant(0)
 
 
+class OwnFunction:
+    """`fn` as a callable object, whose tf.function TensorFlow counts alone.
+
+    TensorFlow counts the traces of a tf.function by the code of the Python
+    function it wraps, and logs a warning ("5 out of the last 5 calls to
+    <function Step.__init__.<locals>.results> triggered tf.function
+    retracing") when one code is traced on most of its recent calls. Every
+    `Step` wraps functions of the same code, one `Step` per candidate, so
+    autotune's candidates, each traced once, looked like one function
+    retraced. TensorFlow counts a callable object without `__code__` by the
+    object itself: each candidate's function is then one function traced
+    once, which is what it is.
+    """
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn = fn
+
+    def __call__(self) -> Any:
+        return self._fn()
+
+
 class Step:
     """Two traces of one body: one returns the results, one sinks them.
 
@@ -74,10 +95,11 @@ class Step:
             return out
 
         self._results: Callable[[], Results] | None = tf.function(
-            results, autograph=False
+            OwnFunction(results), autograph=False
         )
         self.timed = tf.function(
-            lambda: sink([t for per in body() for t in per]), autograph=False
+            OwnFunction(lambda: sink([t for per in body() for t in per])),
+            autograph=False,
         )
 
     def verify(self, check: Check) -> str | None:

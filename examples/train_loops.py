@@ -227,7 +227,10 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
                 if config.accumulation_steps > 1
                 else _custom_loop
             )
-            batches = dataset(start, config.steps, config.accumulation_steps)
+            batches = itertools.islice(
+                dataset(start, config.steps, config.accumulation_steps),
+                (config.steps - start) * config.accumulation_steps,
+            )
             steps = loop(strategy, model, optimizer, batches, config)
             stopped = _log_and_save(
                 timeline.trace(steps, start),
@@ -302,7 +305,9 @@ def _time_parts(strategy, model, config, data, reporter):
         )
         optimizer.build(copy.trainable_variables)
     calls = config.timing_steps
-    batches = _distributed(alone, data, batch, config.seed, 0, calls + 1)
+    batches = itertools.islice(
+        _distributed(alone, data, batch, config.seed, 0, calls + 1), calls + 1
+    )
     steps = _custom_loop(
         alone,
         copy,
@@ -326,11 +331,19 @@ def _distributed(
     strategy, data, global_batch, seed, start, stop, micro_steps=1
 ):
     """Steps [start, stop) under `strategy`, each input pipeline building
-    only its own replicas' examples (train_data.replica_dataset)."""
+    only its own replicas' examples (train_data.replica_dataset), then the
+    same steps again without end: callers take the steps they need.
+
+    Endless because TensorFlow's iterator over a finite dataset between
+    workers all-reduces, before every step, whether each worker still has
+    data (for a last partial batch): a collective that makes every worker
+    wait for the slowest before its step can start. Over an endless one it
+    does not.
+    """
     return strategy.distribute_datasets_from_function(
         lambda context: train_data.replica_dataset(
             data, global_batch, seed, start, stop, context, micro_steps
-        )
+        ).repeat()
     )
 
 

@@ -7,6 +7,7 @@ then exits with status 1; examples_test.py runs one such command).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -595,6 +596,33 @@ def test_each_worker_builds_only_its_replicas_examples(micro_steps):
             for g in (2 * worker, 2 * worker + 1)
         ]
         assert labels == [e.tolist() for e in expected]
+
+
+def test_the_jobs_batches_repeat_so_no_step_waits_for_a_has_data_check():
+    """Over a finite dataset, TensorFlow's iterator between workers
+    all-reduces whether every worker still has data before each step; the
+    job's datasets repeat without end, and its loops take the steps they
+    need. The steps come in order, then again from the first."""
+    import train_loops
+
+    import tf_crossdevice
+
+    def example(index):  # The label is the example's index.
+        return tf.zeros([1, 1, 3]), tf.cast(index, tf.int32)
+
+    data = train_data.Data(1, 2, 12, example, None, None, "")
+    rows = train_data.batch_indices(12, 8, seed=1, start=2, stop=5)
+    strategy = tf.distribute.MirroredStrategy(
+        tf_crossdevice.testing.cpu_devices(2),
+        cross_device_ops=tf_crossdevice.ReductionToOneDevice(),
+    )
+    batches = train_loops._distributed(strategy, data, 8, 1, 2, 5)
+    seen = [
+        [r.numpy().tolist() for r in strategy.experimental_local_results(y)]
+        for _, y in itertools.islice(batches, 5)
+    ]
+    want = [[rows[s][:4].tolist(), rows[s][4:].tolist()] for s in range(3)]
+    assert seen == want + want[:2]
 
 
 @pytest.mark.parametrize("table", [True, False])

@@ -52,6 +52,41 @@ def test_cpu_devices_get_a_packed_configuration():
             np.testing.assert_array_equal(component.numpy(), 4 * array)
 
 
+def test_devices_this_process_lacks_are_named_in_a_warning(monkeypatch):
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("this process has GPUs")
+    warnings = []
+    monkeypatch.setattr(
+        absl_logging, "warning", lambda msg, *a: warnings.append(msg % a)
+    )
+    tf_crossdevice.select_cross_device_ops(["/cpu:0", "/cpu:1"])
+    assert warnings == []
+    ops = tf_crossdevice.select_cross_device_ops(["/cpu:0", "/gpu:0", "gpu:1"])
+    gpu = "/job:localhost/replica:0/task:0/device:GPU"
+    cpus = ", ".join(f"/device:CPU:{i}" for i in range(8))
+    assert warnings == [
+        f"select_cross_device_ops: {gpu}:0, {gpu}:1 not in this process (it "
+        f"has {cpus}); chose {ops!r} for the devices as named"
+    ]
+    assert repr(ops).startswith("SpecAllReduce(all_reduce_spec='pscpu'")
+
+
+def test_gpus_named_on_a_machine_without_them_still_get_nccl(monkeypatch):
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("this process has GPUs")
+    warnings = []
+    monkeypatch.setattr(
+        absl_logging, "warning", lambda msg, *a: warnings.append(msg % a)
+    )
+    ops = tf_crossdevice.select_cross_device_ops(["/gpu:0", "/gpu:1"])
+    assert type(ops) is tf_crossdevice.NcclAllReduce
+    (warning,) = warnings
+    assert "device:GPU:0, /job:localhost/replica:0/task:0/device:GPU:1 " in (
+        warning
+    )
+    assert warning.endswith("chose NcclAllReduce() for the devices as named")
+
+
 def test_a_mix_of_cpu_and_gpu_is_treated_as_cpu():
     ops = tf_crossdevice.select_cross_device_ops(["/cpu:0", "/gpu:0"])
     assert type(ops) is tf_crossdevice.SpecAllReduce

@@ -152,26 +152,39 @@ def _device_key(device: str) -> tuple[str, int, int, str, int]:
     return (*name.worker, name.device_type or "CPU", name.device_index or 0)
 
 
-def check_devices_exist(devices: Sequence[str], argument: str) -> None:
-    """ValueError naming `argument` if a device of a known job is missing.
+def missing_devices(devices: Sequence[str]) -> list[str]:
+    """The devices of `devices` that this process does not have.
 
-    Devices of jobs this process does not know (a TF 1 Session on a remote
-    cluster, say) cannot be checked here and are left to TensorFlow.
+    Only devices of jobs this process knows count: those of other jobs (a
+    TF 1 Session on a remote cluster, say) cannot be checked here and are
+    left to TensorFlow. Listing the devices initializes TensorFlow's
+    runtime, after which logical devices can no longer be configured.
     """
     known = {_device_key(d.name) for d in tf.config.list_logical_devices()}
     known_jobs = {key[0] for key in known}
-    for device in devices:
-        if not device:
-            continue
-        key = _device_key(device)
-        if key[0] in known_jobs and key not in known:
-            available = ", ".join(
-                sorted(d.name for d in tf.config.list_logical_devices())
-            )
-            raise ValueError(
-                f"{argument}: device {device!r} does not exist; this process "
-                f"has {available}"
-            )
+    return [
+        device
+        for device in devices
+        if device
+        and _device_key(device)[0] in known_jobs
+        and _device_key(device) not in known
+    ]
+
+
+def local_device_names() -> str:
+    """This process's devices, for messages: '/device:CPU:0, ...'."""
+    return ", ".join(sorted(d.name for d in tf.config.list_logical_devices()))
+
+
+def check_devices_exist(devices: Sequence[str], argument: str) -> None:
+    """ValueError naming `argument` if a device of a known job is missing
+    (see `missing_devices`)."""
+    missing = missing_devices(devices)
+    if missing:
+        raise ValueError(
+            f"{argument}: device {missing[0]!r} does not exist; this process "
+            f"has {local_device_names()}"
+        )
 
 
 def as_component(value: Any, argument: str) -> Value:

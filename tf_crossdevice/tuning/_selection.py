@@ -65,6 +65,12 @@ def select_cross_device_ops(
             model, or a list of (shape, dtype) pairs, tensors or variables).
         cache_dir: where autotune's cache files are (None: its default).
 
+    Devices of this process's job that it does not have (GPUs named on a
+    machine without them) are logged as a warning naming them and the
+    choice, which is still made for the devices as named. Checking lists
+    the process's devices, which initializes TensorFlow's runtime (as
+    building a strategy does): configure logical devices before calling.
+
     Returns:
         A new CrossDeviceOps instance.
 
@@ -87,11 +93,23 @@ def select_cross_device_ops(
     canonical = [values_lib.canonical_device(d, "devices") for d in devices]
     if link_matrix is not None:
         check_link_matrix(link_matrix, len(devices))
+    chosen = None
     if gradients is not None:
         chosen = _from_gradients(canonical, gradients, cache_dir)
-        if chosen is not None:
-            return chosen
-    return default_cross_device_ops(canonical, link_matrix)
+    if chosen is None:
+        chosen = default_cross_device_ops(canonical, link_matrix)
+    missing = values_lib.missing_devices(canonical)
+    if missing:
+        # Not an error: a plan for another machine is a fair use, but on
+        # this one a typo or a missing GPU picks for devices that never run.
+        logging.warning(
+            "select_cross_device_ops: %s not in this process (it has %s); "
+            "chose %r for the devices as named",
+            ", ".join(missing),
+            values_lib.local_device_names(),
+            chosen,
+        )
+    return chosen
 
 
 def _from_gradients(

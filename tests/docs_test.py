@@ -201,7 +201,10 @@ def test_the_api_index_lists_every_public_name():
     text = API_INDEX.read_text()
     assert BEGIN in text and END in text, f"{API_INDEX}: no {BEGIN}"
     written = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert written == public_names_markdown()
+    assert written == public_names_markdown(), (
+        "docs/api/index.md's public names are stale: run "
+        "`python tests/docs_test.py` to rewrite them"
+    )
 
 
 def _write_api_index() -> None:

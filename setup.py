@@ -45,7 +45,10 @@ setuptools.setup(
         "cpu": ["tensorflow-cpu~=2.21.0"],
         "gpu": ["tensorflow[and-cuda]~=2.21.0"],
         "tensorflow": ["tensorflow~=2.21.0"],
-        # pytest-xdist runs the suite on both cores of a small machine.
+        # To view the TensorBoard scalars that the example job writes (it
+        # prints `tensorboard --logdir=...`; scripts/run_example.sh installs
+        # this extra): TensorFlow 2.21's wheels no longer pull TensorBoard in.
+        "tensorboard": ["tensorboard~=2.21.0"],
         # matplotlib draws the benchmark's time-vs-size plot; tqdm is its
         # progress bar (a full run takes a long time); SciPy fits the cost
         # model to its records (benchmarks/cost_fit.py).
@@ -58,6 +61,7 @@ setuptools.setup(
         "upgrade": ["libcst>=1.1"],
         "test": [
             "pytest>=8",
+            # Runs the suite on both cores of a small machine.
             "pytest-xdist>=3",
             "hypothesis>=6.100",
             "matplotlib>=3.8",

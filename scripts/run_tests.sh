@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs tf_crossdevice and its test tools into a fresh .venv (from nothing
-# but python3) and runs every check: format, lint, types, the import
+# Installs tf_crossdevice and its test tools into .venv (from nothing but
+# python3; a rerun reuses a .venv that has them, see ensure_venv in
+# scripts/run_example.sh) and runs every check: format, lint, types, the import
 # contracts (.importlinter), the documentation site's strict build, the Bazel
 # build of every target with its wiring tests (scripts/bazel_test.sh; it fails
 # if Bazel can be installed here but the install or the build fails, and
@@ -12,9 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL=2
 
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[cpu,test,dev,docs]'
+source scripts/run_example.sh  # defines ensure_venv, runs nothing
+ensure_venv cpu,test,dev,docs
 # pip byte-compiles what it installs, but not this checkout (installed
 # editable). Compiled once here, the suite's processes (hundreds: workers,
 # clients, jobs) read the bytecode instead of each compiling the package

@@ -191,3 +191,61 @@ def test_bad_input_is_named(cls, case):
 def test_empty_batch_is_an_empty_result():
     for make in CLASSES.values():
         assert make().batch_reduce(SUM, []) == []
+
+
+COMPRESSING = [
+    "SpecAllReduce",
+    "MultiWorkerAllReduce",
+    "CollectiveAllReduce",
+    "HierarchicalCollectiveAllReduce",
+]
+
+
+@pytest.mark.parametrize("keyword", ["compression", "codec", "wire"])
+@pytest.mark.parametrize(
+    "cls",
+    [
+        tf_crossdevice.ReductionToOneDevice,
+        tf_crossdevice.AllReduceCrossDeviceOps,
+        tf_crossdevice.NcclAllReduce,
+        tf_crossdevice.HierarchicalCopyAllReduce,
+    ],
+    ids=lambda cls: cls.__name__,
+)
+def test_a_codec_for_a_class_that_cannot_compress_names_those_that_can(
+    cls, keyword
+):
+    with pytest.raises(TypeError) as info:
+        cls(**{keyword: "fp16"})
+    assert str(info.value) == (
+        f"{keyword}: {cls.__name__} sends values as they are and takes no "
+        f"{keyword}= (got 'fp16'); the classes that compress take "
+        "compression=: SpecAllReduce, MultiWorkerAllReduce, "
+        "CollectiveAllReduce, HierarchicalCollectiveAllReduce"
+    )
+
+
+def test_the_classes_named_as_compressing_are_those_that_compress():
+    """Every public CrossDeviceOps class takes compression='bf16' exactly
+    when the message of the others names it."""
+    args = {"MultiWorkerAllReduce": (["/job:worker/task:0"], 0)}
+    takes = []
+    for name in tf_crossdevice.__all__:
+        cls = getattr(tf_crossdevice, name)
+        if not (
+            isinstance(cls, type)
+            and issubclass(cls, tf.distribute.CrossDeviceOps)
+        ):
+            continue
+        try:
+            ops = cls(*args.get(name, ()), compression="bf16")
+        except TypeError as e:
+            assert str(e) == (
+                f"compression: {name} sends values as they are and takes no "
+                "compression= (got 'bf16'); the classes that compress take "
+                f"compression=: {', '.join(COMPRESSING)}"
+            )
+        else:
+            assert ops.compression == "bf16"
+            takes.append(name)
+    assert sorted(takes) == sorted(COMPRESSING)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -20,8 +21,39 @@ from tf_crossdevice.ops._adapter import CrossDeviceOpsAdapter
 from tf_crossdevice.ops._in_process import InProcessReducer
 from tf_crossdevice.packing import PackedAllReduce, check_packing
 
+# The classes whose constructors take `compression=`, for the message of
+# those that do not.
+COMPRESSING_CLASSES = (
+    "SpecAllReduce",
+    "MultiWorkerAllReduce",
+    "CollectiveAllReduce",
+    "HierarchicalCollectiveAllReduce",
+)
+_WIRE_KEYWORDS = ("compression", "codec", "wire")
 
-class ReductionToOneDevice(CrossDeviceOpsAdapter):
+
+class Uncompressed:
+    """Mixin for the classes that send values as they are.
+
+    A `compression=` (or `codec=`, `wire=`) is a TypeError that names the
+    classes that compress, not Python's bare "unexpected keyword argument".
+    It is checked in `__new__`, which sees the call before any constructor
+    (NcclAllReduce's own would raise Python's error first).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        for keyword in _WIRE_KEYWORDS:
+            if keyword in kwargs:
+                raise TypeError(
+                    f"{keyword}: {cls.__name__} sends values as they are "
+                    f"and takes no {keyword}= (got {kwargs[keyword]!r}); "
+                    f"the classes that compress take compression=: "
+                    f"{', '.join(COMPRESSING_CLASSES)}"
+                )
+        return super().__new__(cls, *args, **kwargs)
+
+
+class ReductionToOneDevice(Uncompressed, CrossDeviceOpsAdapter):
     """Sums every value on one device, then copies the sum out.
 
     Args:
@@ -31,8 +63,9 @@ class ReductionToOneDevice(CrossDeviceOpsAdapter):
             default `tf.math.add_n`.
 
     Raises:
-        TypeError: `reduce_to_device` is not a device string, or
-            `accumulation_fn` is not callable.
+        TypeError: `reduce_to_device` is not a device string,
+            `accumulation_fn` is not callable, or a `compression=` (see
+            `Uncompressed`).
         ValueError: `reduce_to_device` is not a parsable device string.
 
     Example (4 logical CPU devices):
@@ -93,7 +126,7 @@ class _DeviceExists:
             self._checked = True
 
 
-class AllReduceCrossDeviceOps(CrossDeviceOpsAdapter):
+class AllReduceCrossDeviceOps(Uncompressed, CrossDeviceOpsAdapter):
     """All-reduce with one algorithm (TF's: NCCL or hierarchical copy).
 
     Packs first if asked (see `num_packs` and the small-tensor arguments).
@@ -114,7 +147,8 @@ class AllReduceCrossDeviceOps(CrossDeviceOpsAdapter):
     Raises:
         ValueError: unknown `all_reduce_alg`, a negative count, or both
             packing schemes at once.
-        TypeError: an argument of the wrong type.
+        TypeError: an argument of the wrong type, or a `compression=`:
+            this class and its presets send values as they are.
 
     Example (4 logical CPU devices):
 
@@ -126,6 +160,16 @@ class AllReduceCrossDeviceOps(CrossDeviceOpsAdapter):
     >>> total = ops.reduce(tf.distribute.ReduceOp.MEAN, value)
     >>> strategy.experimental_local_results(total)[3].numpy()
     array([2.5, 5. ], dtype=float32)
+
+    A `compression=` is refused with the classes that compress:
+
+    >>> tf_crossdevice.HierarchicalCopyAllReduce(compression="bf16")
+    Traceback (most recent call last):
+    ...
+    TypeError: compression: HierarchicalCopyAllReduce sends values as they \
+are and takes no compression= (got 'bf16'); the classes that compress take \
+compression=: SpecAllReduce, MultiWorkerAllReduce, CollectiveAllReduce, \
+HierarchicalCollectiveAllReduce
     """
 
     def __init__(

@@ -2,22 +2,35 @@
 
 A call the command cannot convert exactly (an argument TF 1's function did
 not take, say) is left as it was and reported: `why_not_convertible` says
-why. `spec_tuple` and `gpu_devices` build new code for calls whose shape
-changes.
+why. `spec_tuple`, `gpu_devices` and `collective_strategy` build new code
+for calls whose shape changes.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import libcst as cst
 
 from . import _names
-from ._syntax import bind, code_of, is_none
+from ._syntax import (
+    as_keyword,
+    bind,
+    code_of,
+    is_none,
+    keyword_arg,
+    with_leading_args,
+)
 
 # Legacy names whose calls change shape, not just name: the whole call is
 # rewritten.
-SPECIAL_CALLS = ("AllReduceSpecTuple", "choose_the_best", "MirroredStrategy")
+SPECIAL_CALLS = (
+    "AllReduceSpecTuple",
+    "choose_the_best",
+    "MirroredStrategy",
+    "CollectiveAllReduceStrategy",
+)
 # The parameters of TF 1's AllReduceSpecTuple and choose_the_best.
 SPEC_PARAMETERS = ("alg", "shards", "limit")
 CHOOSE_PARAMETERS = ("devices", "session_config")
@@ -26,6 +39,21 @@ CHOOSE_PARAMETERS = ("devices", "session_config")
 STRATEGY_PARAMETERS = (
     ("devices", "num_gpus", "cross_tower_ops"),
     ("cross_device_ops",),
+)
+# contrib CollectiveAllReduceStrategy's parameters (TF 1.12 took the first
+# only).
+COLLECTIVE_STRATEGY_PARAMETERS = ("num_gpus_per_worker", "communication")
+
+
+# A change to report: where (an original node), the old code, the new code,
+# and why when the new code does not say it.
+Change = tuple[cst.CSTNode, str, str, str]
+
+# Why TF 1's num_gpus_per_worker becomes local_devices.
+LOCAL_DEVICES_WHY = (
+    "local_devices= is how the strategy takes a worker's devices; TF 1's 0 "
+    "meant the CPU, where the strategy's default, like its collective's "
+    "num_gpus_per_worker=0, is every GPU"
 )
 
 
@@ -50,8 +78,18 @@ def why_not_convertible(legacy: _names.Legacy, call: cst.Call) -> str | None:
             return "expected choose_the_best(devices, session_config=None)"
     elif name == "MirroredStrategy":
         return _strategy_problems(call)
+    elif name == "CollectiveAllReduceStrategy":
+        if any(arg.star for arg in call.args):
+            # Every argument is rewritten to another keyword.
+            return (
+                "starred arguments: the command cannot tell which hold "
+                "num_gpus_per_worker and communication"
+            )
+        return _constructor_problems(name, COLLECTIVE_STRATEGY_PARAMETERS, call)
     elif name in _names.CONSTRUCTOR_PARAMETERS:
-        return _constructor_problems(name, call)
+        return _constructor_problems(
+            name, _names.CONSTRUCTOR_PARAMETERS[name], call
+        )
     return None
 
 
@@ -82,14 +120,15 @@ def _strategy_problems(call: cst.Call) -> str | None:
     return "; ".join(problems) or None
 
 
-def _constructor_problems(name: str, call: cst.Call) -> str | None:
-    """Why a call of legacy class `name` cannot be renamed, or None.
+def _constructor_problems(
+    name: str, parameters: tuple[str, ...], call: cst.Call
+) -> str | None:
+    """Why a call of legacy class `name` cannot be converted, or None.
 
-    An argument TF's class did not take would fail at run time (a fork's
-    keyword, say). After a `*args` the positions are unknown: only the
-    keywords are checked.
+    An argument TF's class (whose `parameters` these are) did not take would
+    fail at run time (a fork's keyword, say). After a `*args` the positions
+    are unknown: only the keywords are checked.
     """
-    parameters = _names.CONSTRUCTOR_PARAMETERS[name]
     starred = any(arg.star == "*" for arg in call.args)
     problems = []
     positional = 0
@@ -146,7 +185,13 @@ def spec_tuple(original: cst.Call, updated: cst.Call) -> cst.Tuple:
 
 
 def gpu_devices(num_gpus: cst.BaseExpression) -> cst.BaseExpression:
-    """contrib MirroredStrategy's devices for `num_gpus` (0: the CPU)."""
+    """contrib's strategies' devices for `num_gpus` (0 or None: the CPU).
+
+    >>> code_of(gpu_devices(cst.parse_expression("2")))
+    '["/gpu:0", "/gpu:1"]'
+    """
+    if is_none(num_gpus):
+        return cst.parse_expression('["/cpu:0"]')
     if isinstance(num_gpus, cst.Integer):
         count = int(num_gpus.evaluated_value)
         devices = [f"/gpu:{i}" for i in range(count)] or ["/cpu:0"]
@@ -154,3 +199,73 @@ def gpu_devices(num_gpus: cst.BaseExpression) -> cst.BaseExpression:
     return cst.parse_expression(
         f'[f"/gpu:{{i}}" for i in range({code_of(num_gpus)})] or ["/cpu:0"]'
     )
+
+
+def collective_strategy(
+    original: cst.Call,
+    updated: cst.Call,
+    spell: Callable[[str], cst.BaseExpression],
+) -> tuple[cst.Call, list[Change]]:
+    """contrib `CollectiveAllReduceStrategy(num_gpus_per_worker,
+    communication)`'s arguments for tf_crossdevice.MultiWorkerMirroredStrategy.
+
+    TF 1's strategy always reduced with CollectiveAllReduce, which
+    becomes `cross_device_ops=`; its GPU count (0, its default: the CPU)
+    becomes the devices, `local_devices=`; `communication=X` becomes
+    `communication_options=CommunicationOptions(implementation=X)`.
+
+    Args:
+        original: the call, as the module has it (its arguments bind).
+        updated: the call with its callee and arguments rewritten.
+        spell: a dotted name (tf.X, tf_crossdevice.X) as code at the call,
+            noting the import it needs.
+
+    Returns:
+        The new call, and the changes to report.
+    """
+    bound, _ = bind(original, COLLECTIVE_STRATEGY_PARAMETERS)
+    collective = cst.Call(spell("tf_crossdevice.CollectiveAllReduce"))
+    leading = [keyword_arg("cross_device_ops", collective)]
+    changes: list[Change] = [
+        (
+            original,
+            "(no argument)",
+            f"cross_device_ops={code_of(collective)}",
+            "the collective TF 1's strategy always used",
+        )
+    ]
+    if "num_gpus_per_worker" not in bound:
+        cpu = gpu_devices(cst.Integer("0"))
+        leading.append(keyword_arg("local_devices", cpu))
+        changes.append(
+            (
+                original,
+                "(default num_gpus_per_worker=0)",
+                f"local_devices={code_of(cpu)}",
+                LOCAL_DEVICES_WHY,
+            )
+        )
+    parameter = {index: name for name, index in bound.items()}
+    args = []
+    for index, arg in enumerate(updated.args):
+        old = original.args[index]
+        if parameter[index] == "num_gpus_per_worker":
+            keyword, why = "local_devices", LOCAL_DEVICES_WHY
+            value = gpu_devices(arg.value)
+        else:
+            keyword, why = "communication_options", ""
+            options = spell("tf.distribute.experimental.CommunicationOptions")
+            value = cst.Call(
+                options, [keyword_arg("implementation", arg.value)]
+            )
+        new = as_keyword(arg, keyword).with_changes(value=value)
+        changes.append(
+            (
+                old,
+                f"{parameter[index]}={code_of(old.value)}",
+                f"{keyword}={code_of(value)}",
+                why,
+            )
+        )
+        args.append(new)
+    return with_leading_args(updated, leading, args), changes

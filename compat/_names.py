@@ -24,7 +24,8 @@ class Legacy:
             `replacement` (plus the keyword and constant rewrites below);
             False when it leaves the name and reports it.
         home: what `tf_crossdevice.compat.<name>` gives, as `module.attribute`
-            of the compat package (`_ops.collective_hints`).
+            of the compat package (`_ops.collective_hints`); "" for a
+            CONTRIB_ONLY name, which compat does not carry.
     """
 
     name: str
@@ -255,6 +256,32 @@ TF_LEGACY_NAMES: dict[str, str] = {
     "tensorflow.compat.v1.distribute.CrossDeviceOps": "CrossDeviceOps",
     "tensorflow.compat.v1.distribute.ReduceOp": "ReduceOp",
     "tensorflow.distribute.experimental.CollectiveHints": "CollectiveHints",
+}
+
+# Names of tf.contrib.distribute that the migration command rewrites but
+# tf_crossdevice.compat does not carry (qualified name -> Legacy, its `home`
+# empty): code naming them runs only once upgraded. TF 1.12-1.15's
+# between-graph CollectiveAllReduceStrategy(num_gpus_per_worker=0) (later
+# versions added communication=) always reduced with CollectiveAllReduce, on
+# num_gpus_per_worker GPUs, or the CPU for 0; this package's strategy takes
+# that collective as cross_device_ops= and the devices as local_devices=.
+_COLLECTIVE_STRATEGY = Legacy(
+    "CollectiveAllReduceStrategy",
+    "tf_crossdevice.MultiWorkerMirroredStrategy",
+    "a call through it takes tf_crossdevice.CollectiveAllReduce() as "
+    "cross_device_ops=, the devices as local_devices= where TF 1 took "
+    "num_gpus_per_worker= (0, its default, meant the CPU; this strategy's "
+    "default is every GPU), and "
+    "tf.distribute.experimental.CommunicationOptions(implementation=...) as "
+    "communication_options= where TF 1 took communication=",
+    home="",
+)
+CONTRIB_ONLY: dict[str, Legacy] = {
+    "tensorflow.contrib.distribute.CollectiveAllReduceStrategy": (
+        _COLLECTIVE_STRATEGY
+    ),
+    "tensorflow.contrib.distribute.python.collective_all_reduce_strategy."
+    "CollectiveAllReduceStrategy": _COLLECTIVE_STRATEGY,
 }
 
 # The enums whose members AGGREGATIONS and NOT_REDUCTIONS name.

@@ -125,8 +125,13 @@ class _Upgrader(cst.CSTTransformer):
         key = (start.line, start.column, len(self.findings))
         self.findings.append((key, Finding(start.line, kind, message)))
 
-    def _changed(self, node: cst.CSTNode, old: str, new: str) -> None:
-        self._report(node, Kind.CHANGED, f"{one_line(old)} -> {one_line(new)}")
+    def _changed(
+        self, node: cst.CSTNode, old: str, new: str, why: str = ""
+    ) -> None:
+        message = f"{one_line(old)} -> {one_line(new)}"
+        self._report(
+            node, Kind.CHANGED, f"{message} ({why})" if why else message
+        )
 
     def _not_converted(self, node: cst.CSTNode, what: str, why: str) -> None:
         self._report(node, Kind.NOT_CONVERTED, f"{one_line(what)} ({why})")
@@ -176,6 +181,8 @@ class _Upgrader(cst.CSTTransformer):
                     return None
             legacy = _names.LEGACY[_names.TF_LEGACY_NAMES[name]]
             return _Match(legacy, "tensorflow")
+        if name in _names.CONTRIB_ONLY:
+            return _Match(_names.CONTRIB_ONLY[name], "contrib")
         module, _, attribute = name.rpartition(".")
         if module in _names.LEGACY_MODULES and attribute in _names.LEGACY:
             source = (
@@ -253,7 +260,31 @@ class _Upgrader(cst.CSTTransformer):
             original
         ):
             return updated  # leave_Call rewrites the whole call.
-        return self._rename(original, updated, match)
+        new = self._rename(original, updated, match)
+        if (
+            match.legacy.name == "CollectiveAllReduceStrategy"
+            and not self._is_type_checked(original)
+        ):
+            # A call through it would pass TF 1's arguments.
+            self._not_converted(original, code_of(new), match.legacy.change)
+        return new
+
+    def _is_type_checked(self, node: cst.CSTNode) -> bool:
+        """Whether `node` is the class (or one of the classes) an isinstance
+        or issubclass call checks against."""
+        parent = self.get_metadata(metadata.ParentNodeProvider, node)
+        if isinstance(parent, cst.Element):  # In a tuple of classes.
+            in_tuple = self.get_metadata(metadata.ParentNodeProvider, parent)
+            parent = self.get_metadata(metadata.ParentNodeProvider, in_tuple)
+        if not isinstance(parent, cst.Arg):
+            return False
+        call = self.get_metadata(metadata.ParentNodeProvider, parent)
+        return (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Name)
+            and call.func.value in ("isinstance", "issubclass")
+            and call.args.index(parent) == 1
+        )
 
     def _rename(
         self,
@@ -350,6 +381,10 @@ class _Upgrader(cst.CSTTransformer):
                 return self._spec_tuple(original_node, updated_node)
             if match.legacy.name == "choose_the_best":
                 return self._choose_the_best(original_node, updated_node, match)
+            if match.legacy.name == "CollectiveAllReduceStrategy":
+                return self._collective_strategy(
+                    original_node, updated_node, match
+                )
             return self._mirrored_strategy(original_node, updated_node, match)
         func = updated_node.func
         if (
@@ -425,6 +460,23 @@ class _Upgrader(cst.CSTTransformer):
                 self._changed(old, "cross_tower_ops=", f"{keyword}=")
             args.append(arg)
         return with_args(updated.with_changes(func=new_func), args)
+
+    def _collective_strategy(
+        self, original: cst.Call, updated: cst.Call, match: _Match
+    ) -> cst.BaseExpression:
+        new_func = self._replace(
+            original.func,
+            updated.func,
+            self._expression(match.legacy.replacement, original),
+        )
+        call, changes = _calls.collective_strategy(
+            original,
+            updated.with_changes(func=new_func),
+            lambda dotted: self._expression(dotted, original),
+        )
+        for node, old, new, why in changes:
+            self._changed(node, old, new, why)
+        return call
 
     def _method_call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """Keywords (KEYWORDS) and a VariableAggregation reduce op."""

@@ -66,14 +66,52 @@ def with_args(call: cst.Call, args: Sequence[cst.Arg]) -> cst.Call:
     return call.with_changes(args=args)
 
 
+def with_leading_args(
+    call: cst.Call, leading: Sequence[cst.Arg], args: Sequence[cst.Arg]
+) -> cst.Call:
+    """`call` with `leading` (new arguments) before `args`.
+
+    Each new argument goes on a line of its own where the call's first
+    argument is on a line of its own, else after the opening parenthesis.
+
+    >>> call = cst.parse_expression("f(\\n    b=2,\\n)")
+    >>> a = keyword_arg("a", cst.Integer("1"))
+    >>> print(code_of(with_leading_args(call, [a], call.args)))
+    f(
+        a=1,
+        b=2,
+    )
+    """
+    before = call.whitespace_before_args
+    if isinstance(before, cst.ParenthesizedWhitespace):
+        # Without the first line's comment, which stays where it was.
+        after: cst.BaseParenthesizableWhitespace = before.with_changes(
+            first_line=cst.TrailingWhitespace(), empty_lines=[]
+        )
+    else:
+        after = cst.SimpleWhitespace(" ")
+    new = [
+        arg.with_changes(comma=cst.Comma(whitespace_after=after))
+        for arg in leading
+    ]
+    if new and not args:
+        new[-1] = new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return with_args(call, [*new, *args])
+
+
+_EQUAL = cst.AssignEqual(
+    whitespace_before=cst.SimpleWhitespace(""),
+    whitespace_after=cst.SimpleWhitespace(""),
+)
+
+
+def keyword_arg(keyword: str, value: cst.BaseExpression) -> cst.Arg:
+    """`keyword=value`, as a formatter writes it."""
+    return cst.Arg(value, keyword=cst.Name(keyword), equal=_EQUAL)
+
+
 def as_keyword(arg: cst.Arg, keyword: str) -> cst.Arg:
     """`arg` passed as `keyword=`, by position or keyword alike."""
     if arg.keyword is not None:
         return arg.with_changes(keyword=cst.Name(keyword))
-    return arg.with_changes(
-        keyword=cst.Name(keyword),
-        equal=cst.AssignEqual(
-            whitespace_before=cst.SimpleWhitespace(""),
-            whitespace_after=cst.SimpleWhitespace(""),
-        ),
-    )
+    return arg.with_changes(keyword=cst.Name(keyword), equal=_EQUAL)

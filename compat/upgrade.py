@@ -7,8 +7,9 @@ In the spirit of TensorFlow's tf_upgrade_v2::
 PATH is a file or a folder (every *.py below it). The command rewrites the
 names of `tf.contrib.distribute`, its `cross_tower_ops` module and
 `tf_crossdevice.compat` (and a few early TF 2 names) to their replacements
-(see `_names.LEGACY`), prints a unified diff of each changed file, then one
-report line per change and per thing it left for a person, and a summary.
+(see `_names.LEGACY` and `_names.CONTRIB_ONLY`), prints a unified diff of
+each changed file, then one report line per change and per thing it left
+for a person, and a summary.
 It writes files only with --in_place. Exit status: 0 when every file
 parsed, 1 when some did not (they are reported and skipped), 2 for a usage
 error.

@@ -315,6 +315,163 @@ CASES = {
         s = compat.MirroredStrategy(num_gpus=2, prefetch_on_device=True)
         """,
     ),
+    # contrib's between-graph strategy: the package's strategy with TF 1's
+    # collective, on TF 1's devices (0 GPUs, the default: the CPU).
+    "collective_strategy_tf_contrib_path": (
+        """
+        import tensorflow as tf
+
+        strategy = tf.contrib.distribute.CollectiveAllReduceStrategy(
+            num_gpus_per_worker=2
+        )
+        """,
+        """
+        import tensorflow as tf
+        import tf_crossdevice
+
+        strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+            cross_device_ops=tf_crossdevice.CollectiveAllReduce(),
+            local_devices=["/gpu:0", "/gpu:1"]
+        )
+        """,
+    ),
+    "collective_strategy_imported_name": (
+        """
+        from tensorflow.contrib.distribute import CollectiveAllReduceStrategy
+
+        strategy = CollectiveAllReduceStrategy()
+        """,
+        """
+        import tf_crossdevice
+
+        strategy = tf_crossdevice.MultiWorkerMirroredStrategy(cross_device_ops=tf_crossdevice.CollectiveAllReduce(), local_devices=["/cpu:0"])
+        """,  # noqa: E501 (the rewrite keeps the call on its line)
+    ),
+    "collective_strategy_module_imported_as": (
+        """
+        from tensorflow.contrib import distribute as tcd
+
+        strategy = tcd.CollectiveAllReduceStrategy(
+            num_gpus_per_worker=4,  # every GPU of a DGX-1 half
+        )
+        """,
+        """
+        import tf_crossdevice
+
+        strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+            cross_device_ops=tf_crossdevice.CollectiveAllReduce(),
+            local_devices=["/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"],  # every GPU of a DGX-1 half
+        )
+        """,  # noqa: E501 (the comment stays on its argument's line)
+    ),
+    "collective_strategy_module_path": (
+        """
+        from tensorflow.contrib.distribute.python import (
+            collective_all_reduce_strategy as cars,
+        )
+
+        strategy = cars.CollectiveAllReduceStrategy(num_gpus_per_worker=0)
+        """,
+        """
+        import tf_crossdevice
+
+        strategy = tf_crossdevice.MultiWorkerMirroredStrategy(cross_device_ops=tf_crossdevice.CollectiveAllReduce(), local_devices=["/cpu:0"])
+        """,  # noqa: E501 (the rewrite keeps the call on its line)
+    ),
+    "collective_strategy_positional": (
+        """
+        import tensorflow as tf
+
+        strategy = tf.contrib.distribute.CollectiveAllReduceStrategy(
+            2, tf.distribute.experimental.CollectiveCommunication.NCCL
+        )
+        """,
+        """
+        import tensorflow as tf
+        import tf_crossdevice
+
+        strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+            cross_device_ops=tf_crossdevice.CollectiveAllReduce(),
+            local_devices=["/gpu:0", "/gpu:1"], communication_options=tf.distribute.experimental.CommunicationOptions(implementation=tf.distribute.experimental.CollectiveCommunication.NCCL)
+        )
+        """,  # noqa: E501 (the arguments stay on their line)
+    ),
+    "collective_strategy_keywords": (
+        """
+        import tensorflow as tf
+
+        ring = tf.distribute.experimental.CollectiveCommunication.RING
+        a = tf.contrib.distribute.CollectiveAllReduceStrategy(
+            communication=ring,
+            num_gpus_per_worker=gpus,
+        )
+        b = tf.contrib.distribute.CollectiveAllReduceStrategy(
+            communication=ring
+        )
+        """,
+        """
+        import tensorflow as tf
+        import tf_crossdevice
+
+        ring = tf.distribute.experimental.CollectiveCommunication.RING
+        a = tf_crossdevice.MultiWorkerMirroredStrategy(
+            cross_device_ops=tf_crossdevice.CollectiveAllReduce(),
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=ring),
+            local_devices=[f"/gpu:{i}" for i in range(gpus)] or ["/cpu:0"],
+        )
+        b = tf_crossdevice.MultiWorkerMirroredStrategy(
+            cross_device_ops=tf_crossdevice.CollectiveAllReduce(),
+            local_devices=["/cpu:0"],
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=ring)
+        )
+        """,  # noqa: E501 (the arguments stay on their lines)
+    ),
+    "collective_strategy_reference": (
+        """
+        import tensorflow as tf
+
+        if isinstance(s, tf.contrib.distribute.CollectiveAllReduceStrategy):
+            workers = s.extended._num_workers
+        """,
+        """
+        import tensorflow as tf
+        import tf_crossdevice
+
+        if isinstance(s, tf_crossdevice.MultiWorkerMirroredStrategy):
+            workers = s.extended._num_workers
+        """,
+    ),
+    # TensorFlow 2's own strategies, TF 2's private module included.
+    "tensorflow_2_strategies_stay": (
+        """
+        import tensorflow as tf
+        from tensorflow.python.distribute import collective_all_reduce_strategy
+
+        nccl = tf.distribute.experimental.CollectiveCommunication.NCCL
+        a = tf.distribute.MultiWorkerMirroredStrategy()
+        b = tf.distribute.experimental.MultiWorkerMirroredStrategy(nccl)
+        c = tf.distribute.experimental.MultiWorkerMirroredStrategy(
+            communication=nccl
+        )
+        d = tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy()
+        e = tf.distribute.MirroredStrategy(["/gpu:0", "/gpu:1"])
+        f = collective_all_reduce_strategy.CollectiveAllReduceStrategy()
+        """,
+        """
+        import tensorflow as tf
+        from tensorflow.python.distribute import collective_all_reduce_strategy
+
+        nccl = tf.distribute.experimental.CollectiveCommunication.NCCL
+        a = tf.distribute.MultiWorkerMirroredStrategy()
+        b = tf.distribute.experimental.MultiWorkerMirroredStrategy(nccl)
+        c = tf.distribute.experimental.MultiWorkerMirroredStrategy(
+            communication=nccl
+        )
+        d = tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy()
+        e = tf.distribute.MirroredStrategy(["/gpu:0", "/gpu:1"])
+        f = collective_all_reduce_strategy.CollectiveAllReduceStrategy()
+        """,
+    ),
     # Keywords and reduce ops of the CrossDeviceOps methods.
     "method_keywords": (
         """
@@ -632,6 +789,132 @@ def test_strategy_keywords_without_a_counterpart_are_reported():
     )
     assert "num_gpus_per_worker=: TF 1 replicated in-graph" in lines[0]
     assert "auto_shard_dataset=: set tf.data.Options()" in lines[0]
+
+
+LOCAL_DEVICES_WHY = (
+    "local_devices= is how the strategy takes a worker's devices; TF 1's 0 "
+    "meant the CPU, where the strategy's default, like its collective's "
+    "num_gpus_per_worker=0, is every GPU"
+)
+
+
+def test_collective_strategy_report_says_why_devices_become_a_list():
+    source = """
+        import tensorflow as tf
+        from tensorflow.contrib.distribute import CollectiveAllReduceStrategy
+
+        a = CollectiveAllReduceStrategy()
+        b = tf.contrib.distribute.CollectiveAllReduceStrategy(
+            2, communication=tf.distribute.experimental.CollectiveCommunication.RING
+        )
+        """  # noqa: E501 (TF 1's spelling, on one line)
+    assert report(source, "train.py") == [
+        "train.py:2: changed from tensorflow.contrib.distribute import "
+        "CollectiveAllReduceStrategy -> (removed, no uses left)",
+        "train.py:2: changed (no import) -> import tf_crossdevice",
+        "train.py:4: changed CollectiveAllReduceStrategy -> "
+        "tf_crossdevice.MultiWorkerMirroredStrategy",
+        "train.py:4: changed (no argument) -> "
+        "cross_device_ops=tf_crossdevice.CollectiveAllReduce() "
+        "(the collective TF 1's strategy always used)",
+        "train.py:4: changed (default num_gpus_per_worker=0) -> "
+        f'local_devices=["/cpu:0"] ({LOCAL_DEVICES_WHY})',
+        "train.py:5: changed tf.contrib.distribute.CollectiveAllReduceStrategy "
+        "-> tf_crossdevice.MultiWorkerMirroredStrategy",
+        "train.py:5: changed (no argument) -> "
+        "cross_device_ops=tf_crossdevice.CollectiveAllReduce() "
+        "(the collective TF 1's strategy always used)",
+        "train.py:6: changed num_gpus_per_worker=2 -> "
+        f'local_devices=["/gpu:0", "/gpu:1"] ({LOCAL_DEVICES_WHY})',
+        "train.py:6: changed "
+        "communication=tf.distribute.experimental.CollectiveCommunication.RING "
+        "-> communication_options=tf.distribute.experimental."
+        "CommunicationOptions(impleme...",
+    ]
+
+
+def test_a_collective_strategy_name_used_other_than_called_is_reported():
+    # Called through another name, the strategy would get TF 1's arguments;
+    # a class check is exact.
+    source = """
+        import tensorflow as tf
+
+        make = tf.contrib.distribute.CollectiveAllReduceStrategy
+        same = issubclass(k, tf.contrib.distribute.CollectiveAllReduceStrategy)
+        """
+    assert rewritten(source) == code(
+        """
+        import tensorflow as tf
+        import tf_crossdevice
+
+        make = tf_crossdevice.MultiWorkerMirroredStrategy
+        same = issubclass(k, tf_crossdevice.MultiWorkerMirroredStrategy)
+        """
+    )
+    lines = report(source)
+    assert lines[1:] == [
+        "m.py:3: changed tf.contrib.distribute.CollectiveAllReduceStrategy "
+        "-> tf_crossdevice.MultiWorkerMirroredStrategy",
+        "m.py:3: not converted: tf_crossdevice.MultiWorkerMirroredStrategy "
+        "(a call through it takes tf_crossdevice.CollectiveAllReduce() as "
+        "cross_device_ops=, the devices as local_devices= where TF 1 took "
+        "num_gpus_per_worker= (0, its default, meant the CPU; this "
+        "strategy's default is every GPU), and "
+        "tf.distribute.experimental.CommunicationOptions(implementation=...) "
+        "as communication_options= where TF 1 took communication=)",
+        "m.py:4: changed tf.contrib.distribute.CollectiveAllReduceStrategy "
+        "-> tf_crossdevice.MultiWorkerMirroredStrategy",
+    ]
+
+
+COLLECTIVE_STRATEGY_PARAMETERS = "TF 1 took num_gpus_per_worker, communication"
+
+
+@pytest.mark.parametrize(
+    ("call", "why"),
+    [
+        (
+            "S(num_gpus_per_worker=2, cross_tower_ops=ops)",
+            "unknown keyword cross_tower_ops= of CollectiveAllReduceStrategy; "
+            f"{COLLECTIVE_STRATEGY_PARAMETERS}",
+        ),
+        (
+            "S(cross_device_ops=ops)",
+            "unknown keyword cross_device_ops= of CollectiveAllReduceStrategy; "
+            f"{COLLECTIVE_STRATEGY_PARAMETERS}",
+        ),
+        (
+            "S(2, num_gpus_per_worker=2)",
+            "num_gpus_per_worker= given twice; "
+            f"{COLLECTIVE_STRATEGY_PARAMETERS}",
+        ),
+        (
+            "S(2, ring, ops)",
+            "3 positional arguments to CollectiveAllReduceStrategy; "
+            f"{COLLECTIVE_STRATEGY_PARAMETERS}",
+        ),
+        (
+            "S(**options)",
+            "starred arguments: the command cannot tell which hold "
+            "num_gpus_per_worker and communication",
+        ),
+    ],
+    ids=["cross_tower_ops", "cross_device_ops", "twice", "too_many", "star"],
+)
+def test_collective_strategy_calls_tf1_could_not_run_stay_as_they_were(
+    call, why
+):
+    source = (
+        "from tensorflow.contrib.distribute import "
+        f"CollectiveAllReduceStrategy as S\n\nstrategy = {call}\n"
+    )
+    assert rewritten(source) == source
+    assert report(source) == [f"m.py:3: not converted: {call} ({why})"]
+
+
+def test_tensorflow_2_strategies_are_not_reported():
+    source, _ = CASES["tensorflow_2_strategies_stay"]
+    assert report(source) == []
 
 
 # Code from the field: what the command converts, and what it leaves

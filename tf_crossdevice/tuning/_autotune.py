@@ -28,6 +28,7 @@ from tf_crossdevice.tuning import measure as _measure
 from tf_crossdevice.tuning._cache import (
     CACHE_FORMAT,
     cache_file,
+    cached_result,
     read_cache,
     write_cache,
 )
@@ -165,28 +166,8 @@ def autotune(
     if entry is not None and (
         entry["complete"] or entry["budget_seconds"] >= budget_seconds
     ):
-        logging.info(
-            "autotune: %s, read from the cache file %s (measured %s with a "
-            "%g s budget); nothing measured now: delete the file to measure "
-            "again",
-            entry["label"],
-            path,
-            entry.get("measured_at", "earlier"),
-            entry["budget_seconds"],
-        )
-        return _with_result(
-            make_ops(entry["config"], topology),
-            AutotuneResult(
-                config=entry["config"],
-                label=entry["label"],
-                measurements=tuple(entry["measurements"]),
-                budget_seconds=entry["budget_seconds"],
-                elapsed_seconds=time.monotonic() - start,
-                complete=entry["complete"],
-                from_cache=True,
-                cache_file=str(path),
-            ),
-        )
+        result = cached_result(entry, path, time.monotonic() - start)
+        return _with_result(make_ops(entry["config"], topology), result)
     result = _search(grads, topology, budget_seconds, start, path)
     write_cache(
         path,

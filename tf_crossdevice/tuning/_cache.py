@@ -24,7 +24,10 @@ from tf_crossdevice._core import requirements
 from tf_crossdevice.tuning import _candidates
 from tf_crossdevice.tuning import measure as _measure
 from tf_crossdevice.tuning._configs import from_json, make_ops
-from tf_crossdevice.tuning._results import candidate_result_from_json
+from tf_crossdevice.tuning._results import (
+    AutotuneResult,
+    candidate_result_from_json,
+)
 from tf_crossdevice.tuning._topology import GradientList, Topology
 
 # Bumped when an entry's fields change meaning: older files are ignored.
@@ -125,6 +128,33 @@ def read_cache(path: pathlib.Path, topology: Topology) -> dict[str, Any] | None:
     entry["config"] = config
     entry["measurements"] = measurements
     return entry
+
+
+def cached_result(
+    entry: dict[str, Any], path: pathlib.Path, elapsed_seconds: float
+) -> AutotuneResult:
+    """autotune's answer from a cache entry (`read_cache`), logged at INFO
+    once, with the file: nothing is measured, which a user would otherwise
+    only notice by how fast it returned."""
+    logging.info(
+        "autotune: %s, read from the cache file %s (measured %s with a "
+        "%g s budget); nothing measured now: delete the file to measure "
+        "again",
+        entry["label"],
+        path,
+        entry.get("measured_at", "earlier"),
+        entry["budget_seconds"],
+    )
+    return AutotuneResult(
+        config=entry["config"],
+        label=entry["label"],
+        measurements=tuple(entry["measurements"]),
+        budget_seconds=entry["budget_seconds"],
+        elapsed_seconds=elapsed_seconds,
+        complete=entry["complete"],
+        from_cache=True,
+        cache_file=str(path),
+    )
 
 
 def write_cache(path: pathlib.Path, entry: dict[str, Any]) -> None:

@@ -120,6 +120,10 @@ def test_second_call_reads_the_cache_and_builds_nothing(tmp_path, monkeypatch):
     (line,) = lines
     assert f"read from the cache file {cache_file} " in line
     assert f"with a {BUDGET:g} s budget" in line
+    # It prints as the public constructor call of the configuration.
+    name, kwargs = second.autotune_result.config
+    assert repr(second) == repr(getattr(tf_crossdevice, name)(**kwargs))
+    assert repr(second).startswith(f"{name}(")
     assert second.autotune_result.from_cache
     assert second.autotune_result.config == first.autotune_result.config
     assert second is not first

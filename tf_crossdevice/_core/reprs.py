@@ -39,8 +39,8 @@ class ConstructorRepr:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)
-        # Not `self.x = ...`: frozen dataclasses refuse it, and tf.Module
-        # would track the arguments' variables as its own.
+        # Not `self.x = ...`: a frozen dataclass (CollectiveCluster)
+        # refuses it.
         object.__setattr__(self, "_constructor_call", (args, kwargs))
         return self
 

@@ -189,9 +189,12 @@ FIGURES: dict[str, Callable[..., Figure]] = {
 def _args(text: str) -> tuple[list[Any], dict[str, Any]]:
     """The literals of `figure(...)`'s arguments."""
     call = ast.parse(f"f({text})", mode="eval").body
-    assert isinstance(call, ast.Call)
+    if not isinstance(call, ast.Call) or any(
+        k.arg is None for k in call.keywords
+    ):
+        raise FigureError("expected figure(NAME, literal, ..., name=literal)")
     args = [ast.literal_eval(a) for a in call.args]
-    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
     return args, kwargs
 
 

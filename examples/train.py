@@ -66,11 +66,10 @@ from train_flags import class_of, cluster_of, task_of  # noqa: E402
 
 
 def total_steps(v: Any, num_train: int) -> int:
-    """--steps, or --epochs in steps rounded up to whole progress lines."""
+    """--steps, or --epochs in steps (a last partial batch counts as one)."""
     if not v.epochs:
         return v.steps
-    steps = -(-v.epochs * num_train // v.batch_size)
-    return -(-steps // v.log_every) * v.log_every
+    return -(-v.epochs * num_train // v.batch_size)
 
 
 def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
@@ -472,4 +471,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     train_flags.define_flags()
-    app.run(main)
+    # --helpshort lists the main module's flags: the job's are defined in
+    # train_flags.
+    flags.adopt_module_key_flags(train_flags)
+    app.run(main, flags_parser=train_flags.parse_flags)

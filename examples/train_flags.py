@@ -1,10 +1,11 @@
-"""The example job's flags and their checks (absl validators).
+"""The example job's flags and the checks of their combinations.
 
 Every check is a pure function of the flag values and raises
-`flags.ValidationError` with a message that names the flag, so that the job
-exits with status 1 before it starts anything. `define_flags` defines the
-flags on a FlagValues (absl's FLAGS by default) with one validator over
-the flags that combine.
+`flags.ValidationError` with a message that names the flag. `define_flags`
+defines the flags on a FlagValues (absl's FLAGS by default);
+`parse_flags`, the job's absl flags parser, parses them and checks their
+combinations, so that the job exits with status 1 and that one message
+before it starts anything.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import collections
 import dataclasses
 import json
 import os
+import sys
 from typing import Any
 
-from absl import flags
+from absl import app, flags
 
 MODES = ("mirrored", "collective", "in_graph")
 LOOPS = ("fit", "custom")
@@ -358,7 +360,6 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         "Seeds the data, the teacher and the initial weights.",
         flag_values=fv,
     )
-    _register_validators(fv)
 
 
 # ---- Validation (pure functions of the flag values) ------------------------
@@ -780,11 +781,6 @@ def check_flags(v: dict[str, Any]) -> None:
             f"replicas ({how}); use a multiple of {replicas * k}"
         )
     _check_timeline(v)
-    if loop == "fit" and v["epochs"] == 0 and v["steps"] % v["log_every"]:
-        raise flags.ValidationError(
-            f"--steps: with --loop=fit, {v['steps']} must be a multiple of "
-            f"--log_every={v['log_every']} (one Keras epoch per progress line)"
-        )
 
 
 def _check_timeline(v: dict[str, Any]) -> None:
@@ -816,17 +812,21 @@ def _check_timeline(v: dict[str, Any]) -> None:
         )
 
 
-def _register_validators(fv: flags.FlagValues) -> None:
-    names = [
-        "mode", "loop", "job_name", "task_index", "worker_hosts",
-        "cluster_spec", "num_workers", "devices_per_worker",
-        "cross_device_ops", "all_reduce_spec", "compression", "batch_size",
-        "steps", "epochs", "log_every", "accumulation_steps", "timing_steps",
-        "link_rate", "timeline", "timeline_step",
-    ]  # fmt: skip
+def parse_flags(argv: list[str]) -> list[str]:
+    """Parses `argv` into absl's FLAGS and checks the flags' combinations
+    (`check_flags`); the arguments left. For `app.run`'s flags_parser.
 
-    def validate(values: dict[str, Any]) -> bool:
-        check_flags(values)
-        return True
-
-    flags.register_multi_flags_validator(names, validate, flag_values=fv)
+    A bad combination ends the process as absl ends it for a bad flag:
+    status 1 and the check's message alone (an absl multi-flag validator
+    would put every flag's value it was given before the message).
+    """
+    rest = app.parse_flags_with_usage(argv)
+    try:
+        check_flags(flags.FLAGS.flag_values_dict())
+    except flags.ValidationError as e:
+        sys.stderr.write(f"FATAL Flags parsing error: {e}\n")
+        sys.stderr.write(
+            "Pass --helpshort or --helpfull to see help on flags.\n"
+        )
+        sys.exit(1)
+    return rest

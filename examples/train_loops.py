@@ -353,15 +353,46 @@ def _remove_scratch(save_dir: str) -> None:
         os.rmdir(os.path.dirname(save_dir))
 
 
+def fit_epochs(
+    start: int, steps: int, log_every: int
+) -> list[tuple[int, int, int]]:
+    """The model.fit calls that train steps [start, steps) with one Keras
+    epoch per progress line: (first step, epochs, steps per epoch) each.
+
+    Epochs end at the multiples of `log_every` and at `steps`: a run that
+    resumes mid-epoch first fits the rest of that epoch, and a last, shorter
+    epoch fits the steps after the last multiple.
+
+    >>> fit_epochs(0, 120, 40)
+    [(0, 3, 40)]
+    >>> fit_epochs(0, 50, 40)
+    [(0, 1, 40), (40, 1, 10)]
+    >>> fit_epochs(13, 130, 40)  # resumed at step 13
+    [(13, 1, 27), (40, 2, 40), (120, 1, 10)]
+    >>> fit_epochs(3, 7, 40)
+    [(3, 1, 4)]
+    """
+    calls = []
+    step = start
+    head = min(-(-start // log_every) * log_every, steps)
+    if step < head:
+        calls.append((step, 1, head - step))
+        step = head
+    whole = (steps - step) // log_every
+    if whole:
+        calls.append((step, whole, log_every))
+        step += whole * log_every
+    if step < steps:
+        calls.append((step, 1, steps - step))
+    return calls
+
+
 def _fit(
     model, dataset, config, start, reporter, save, watcher, timeline
 ) -> int | None:
-    """model.fit, one Keras epoch per progress line; the step it stopped at
-    when preempted, else None. `timeline` profiles its step.
-
-    A run that resumes from a preemption mid-epoch first fits the rest of
-    that epoch alone, on the batches from its step on.
-    """
+    """model.fit, one Keras epoch per progress line (`fit_epochs`); the
+    step it stopped at when preempted, else None. `timeline` profiles its
+    step."""
 
     class Progress(keras.callbacks.Callback):
         step = start
@@ -383,34 +414,27 @@ def _fit(
                 self.model.stop_training = True
 
         def on_epoch_end(self, epoch, logs=None):
-            if self.step % config.log_every == 0:
+            # A preempted epoch ends between the two: saved, not reported.
+            if self.step % config.log_every == 0 or self.step == config.steps:
                 reporter.record(
                     self.step, float(logs["loss"]), float(logs["accuracy"])
                 )
             save(self.step)
 
     progress = Progress()
-    epoch_end = -(-start // config.log_every) * config.log_every
-    if start < epoch_end:
+    for first, epochs, steps_per_epoch in fit_epochs(
+        start, config.steps, config.log_every
+    ):
         model.fit(
-            dataset(start, epoch_end),
-            epochs=1,
-            steps_per_epoch=epoch_end - start,
+            dataset(first, config.steps),
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
             callbacks=[progress],
             shuffle=False,
             verbose=0,
         )
-        if progress.stopped is not None or epoch_end == config.steps:
-            return progress.stopped
-    model.fit(
-        dataset(epoch_end, config.steps),
-        epochs=config.steps // config.log_every,
-        initial_epoch=epoch_end // config.log_every,
-        steps_per_epoch=config.log_every,
-        callbacks=[progress],
-        shuffle=False,
-        verbose=0,
-    )
+        if progress.stopped is not None:
+            break
     return progress.stopped
 
 

@@ -366,4 +366,30 @@ def test_bad_flags_exit_with_status_1_naming_the_flag():
         env=processes.child_env(),
     )
     assert result.returncode == 1, result.stderr
-    assert "--batch_size: 30 does not split over 4 replicas" in result.stderr
+    # The rule alone: no flag's value but those it names (TensorFlow's
+    # start-up lines may come before it).
+    assert result.stderr.endswith(
+        "FATAL Flags parsing error: --batch_size: 30 does not split over 4 "
+        "replicas (2 workers x 2 devices_per_worker); use a multiple of 4\n"
+        "Pass --helpshort or --helpfull to see help on flags.\n"
+    ), result.stderr
+    assert "num_workers=2" not in result.stderr
+
+
+def test_the_main_job_trains_steps_not_a_multiple_of_log_every(tmp_path):
+    """README's main job (model.fit on two local workers), small: 5 steps
+    with a progress line every 2 end with a line and a checkpoint at 5."""
+    out = run(
+        "--model=dense",
+        "--image_size=8",
+        "--num_examples=256",
+        "--batch_size=8",
+        "--steps=5",
+        "--log_every=2",
+        f"--model_dir={tmp_path}",
+    )
+    lines = re.findall(r"^\[worker 0\] step +(\d+)/5 ", out, re.MULTILINE)
+    assert lines == ["2", "4", "5"], out
+    assert "trained 5 steps in this run, from step 0" in out
+    assert "workers stopped (exit statuses [0, 0])" in out
+    check_model_dir(str(tmp_path), 5)

@@ -256,3 +256,20 @@ def test_a_profiled_step_shows_both_replicas_reduce_and_matmuls(tmp_path):
     assert summary.step_us == pytest.approx(profile.end_us - profile.start_us)
     assert summary.collective_ops >= 2
     assert 0 < summary.all_reduce_share <= 1
+
+
+def test_two_profiles_keep_one_folder_as_two_hosts(tmp_path):
+    """Workers of one machine keep their steps in one TensorBoard run, a
+    host each, under the names they give (TensorFlow would name both files
+    after the machine, the second overwriting the first)."""
+    keep = str(tmp_path / "plugins" / "profile" / "step3")
+    sizes = {}
+    for host, n in (("worker0", 8), ("worker1", 64)):
+        with training.profile_step(host, profile_dir=keep, profile_host=host):
+            tf.reduce_sum(tf.ones([n, n])).numpy()
+        sizes[host] = os.path.getsize(os.path.join(keep, f"{host}.xplane.pb"))
+    assert sorted(os.listdir(keep)) == [
+        "worker0.xplane.pb",
+        "worker1.xplane.pb",
+    ]
+    assert all(size > 0 for size in sizes.values()), sizes

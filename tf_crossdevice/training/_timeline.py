@@ -20,8 +20,6 @@ only as well as their clocks agree.
 
 The profiler's own file format (XSpace, a protocol buffer) has no public
 reader in TensorFlow: `_core.tf_internal.read_xspace` reads it.
-
-May import: `_core`, `cluster` (training's contract).
 """
 
 from __future__ import annotations
@@ -137,6 +135,7 @@ def profile_step(
     process_name: str | None = None,
     *,
     profile_dir: str | None = None,
+    profile_host: str | None = None,
 ) -> Iterator[StepProfile]:
     """Profiles what runs in the block: one step, as Chrome trace events.
 
@@ -152,6 +151,11 @@ def profile_step(
             <host>.xplane.pb, which TensorBoard's profile plugin opens):
             a folder `<logdir>/plugins/profile/<run>` under a TensorBoard
             log folder. None: not kept.
+        profile_host: the host's name in that folder: its file is
+            <profile_host>.xplane.pb, and the plugin shows one host by that
+            name. Default: this machine's host name. The processes of one
+            step (the workers of a job) that keep their profiles in one
+            folder, as hosts of one run, need a name each.
 
     Yields:
         A `StepProfile`, empty until the block ends; then its events hold
@@ -181,7 +185,7 @@ def profile_step(
             sent_after = sent_bytes()
         finally:
             tf.profiler.experimental.stop()
-        space = _read_xspace(logdir, profile_dir)
+        space = _read_xspace(logdir, profile_dir, profile_host)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     events = _xspace_events(space, pid, name)
@@ -202,10 +206,13 @@ def profile_step(
     ]
 
 
-def _read_xspace(logdir: str, keep_in: str | None) -> Any:
+def _read_xspace(
+    logdir: str, keep_in: str | None, host: str | None = None
+) -> Any:
     """The XSpace the profiler wrote under `logdir`
-    (plugins/profile/<run>/<host>.xplane.pb); its folder is copied into
-    `keep_in` unless that is None."""
+    (plugins/profile/<run>/<host>.xplane.pb); the file is copied into
+    `keep_in` (as <host>.xplane.pb, when `host` is given) unless that is
+    None."""
     pattern = os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")
     files = sorted(glob.glob(pattern))
     if not files:
@@ -214,7 +221,9 @@ def _read_xspace(logdir: str, keep_in: str | None) -> Any:
             "(no plugins/profile/*/*.xplane.pb)"
         )
     if keep_in is not None:
-        shutil.copytree(os.path.dirname(files[-1]), keep_in, dirs_exist_ok=True)
+        os.makedirs(keep_in, exist_ok=True)
+        name = f"{host}.xplane.pb" if host else os.path.basename(files[-1])
+        shutil.copyfile(files[-1], os.path.join(keep_in, name))
     return tf_internal.read_xspace(files[-1])
 
 

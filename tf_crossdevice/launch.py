@@ -17,7 +17,8 @@ hosts are removed when the job ends, also when it fails or is stopped.
 On several machines, give each worker the same cluster in `TF_CONFIG` with
 its own task index instead; nothing else changes.
 
-Command line (exits with the first failing worker's status, else 0):
+Command line (exits with the first failing worker's status, else 0; the
+workers' command goes after --):
 
     python -m tf_crossdevice.launch --num_workers=2 -- \\
         python examples/train.py --job_name=worker --epochs=2
@@ -29,10 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from absl import app, flags
 
@@ -204,6 +207,41 @@ def _define_flags() -> None:
     )
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+    """The launcher's flags from `argv` into absl's FLAGS, for `app.run`;
+    returns [program, the workers' command] (every word after the first --).
+
+    A word before -- that is no flag starts a command without its --. absl
+    would read that command's flags as the launcher's (an unknown flag, or
+    its own --num_workers): it is an error, whose message shows the command
+    line with -- in place. Errors end the process as absl's do for a bad
+    flag (status 1).
+    """
+    split = argv.index("--") if "--" in argv else len(argv)
+    # Stop at the first word that is no flag: the rest is the command.
+    flags.FLAGS.set_gnu_getopt(False)
+    try:
+        left = flags.FLAGS(argv[:split])[1:]
+    except flags.Error as e:
+        _flag_error(str(e))
+    if left:
+        own = argv[1 : split - len(left)]
+        command = [*left, *argv[split + 1 :]]
+        fixed = ["python", "-m", "tf_crossdevice.launch", *own, "--", *command]
+        _flag_error(
+            f"{left[0]!r} is no flag of the launcher; put the job's command "
+            f"after --: {shlex.join(fixed)}"
+        )
+    return [argv[0], *argv[split + 1 :]]
+
+
+def _flag_error(message: str) -> NoReturn:
+    """Ends the process as absl's flag parser does for a bad flag."""
+    sys.stderr.write(f"FATAL Flags parsing error: {message}\n")
+    sys.stderr.write("Pass --helpshort or --helpfull to see help on flags.\n")
+    sys.exit(1)
+
+
 def _main(argv: list[str]) -> int:
     command = argv[1:]
     if not command:
@@ -224,4 +262,4 @@ def _main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(_main)
+    app.run(_main, flags_parser=_parse_flags)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 
@@ -10,6 +11,7 @@ import psutil
 import pytest
 
 from tf_crossdevice import launch
+from tf_crossdevice.cluster import processes
 
 # Prints its task index; exits with the code in argv[1] for task 1.
 CHILD = """
@@ -85,3 +87,43 @@ def test_timeout_stops_every_worker():
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         launch.run_local_job(**kwargs)
+
+
+def launcher(*args: str) -> subprocess.CompletedProcess:
+    """`python -m tf_crossdevice.launch ARGS`, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "tf_crossdevice.launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=processes.child_env(),
+    )
+
+
+def test_a_command_without_dashes_is_an_error_that_shows_them_in_place():
+    # Without --, absl would read -c as the launcher's flag.
+    result = launcher("--num_workers=1", "python", "-c", "print(1)")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""  # No worker started.
+    assert result.stderr.endswith(
+        "FATAL Flags parsing error: 'python' is no flag of the launcher; put "
+        "the job's command after --: python -m tf_crossdevice.launch "
+        "--num_workers=1 -- python -c 'print(1)'\n"
+        "Pass --helpshort or --helpfull to see help on flags.\n"
+    ), result.stderr
+
+
+def test_the_command_after_dashes_keeps_its_own_flags():
+    # Its --num_workers is the command's, not the launcher's.
+    result = launcher(
+        "--num_workers=2",
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; print(sys.argv[1:])",
+        "--num_workers=3",
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [
+        f"[worker {i}] ['--num_workers=3']" for i in range(2)
+    ]

@@ -457,13 +457,15 @@ class _Timeline:
         then writes the trace and the scalars."""
         config = self.config
         # TensorFlow's own profile, for TensorBoard's profile plugin: one
-        # run per worker (workers on one machine share a host name).
+        # run of the step, each worker a host of it by its own name (the
+        # workers of one machine share its host name).
         keep = os.path.join(
-            config.model_dir, "plugins", "profile",
-            f"step{step}_worker{config.worker}",
-        )  # fmt: skip
+            config.model_dir, "plugins", "profile", f"step{step}"
+        )
         with tf_crossdevice.training.profile_step(
-            f"worker {config.worker}", profile_dir=keep
+            f"worker {config.worker}",
+            profile_dir=keep,
+            profile_host=f"worker{config.worker}",
         ) as profile:
             yield
         summary = train_report.save_timeline(

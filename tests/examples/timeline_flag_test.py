@@ -157,8 +157,8 @@ def test_one_worker_traces_its_step_in_process(tmp_path, capsys):
     assert "timeline/all_reduce_share" not in tags
     assert len(tags["timeline/sent_bytes_per_second"]) == 1
     assert tags["timeline/sent_bytes_per_second"][0] >= 0
-    profiles = tmp_path / "model" / "plugins" / "profile" / "step2_worker0"
-    assert any(f.endswith(".xplane.pb") for f in os.listdir(profiles))
+    profiles = tmp_path / "model" / "plugins" / "profile" / "step2"
+    assert os.listdir(profiles) == ["worker0.xplane.pb"]
 
 
 @pytest.mark.slow
@@ -211,3 +211,9 @@ def test_the_job_merges_both_workers_traces(tmp_path):
         pytest.approx(steps[0].all_reduce_share, rel=1e-6)
     ]
     assert len(tags["timeline/sent_bytes_per_second"]) == 1
+    # One TensorBoard run of the step, both workers' hosts in it.
+    profiles = tmp_path / "model" / "plugins" / "profile" / "step2"
+    assert sorted(os.listdir(profiles)) == [
+        "worker0.xplane.pb",
+        "worker1.xplane.pb",
+    ]

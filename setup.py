@@ -80,10 +80,14 @@ setuptools.setup(
             "import-linter==2.17",
         ],
         # The documentation site (mkdocs.yml), built with --strict in CI.
+        # Its hook (benchmarks/mkdocs_hooks.py) draws the benchmark page's
+        # plots with matplotlib and imports the package, so the build also
+        # needs a TensorFlow (an extra above, e.g. `.[cpu,docs]`).
         "docs": [
             "mkdocs==1.6.1",
             "mkdocs-material==9.6.23",
             "mkdocstrings[python]==0.30.1",
+            "matplotlib>=3.8",
         ],
     },
     classifiers=["Programming Language :: Python :: 3"],

@@ -330,6 +330,18 @@ def test_steps_need_not_be_a_multiple_of_log_every(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_epochs_set_the_steps_of_that_many_passes_over_the_data():
+    import train
+
+    with flagsaver.flagsaver(epochs=2):
+        # 2 x 8192 examples in steps of --batch_size=64; not rounded to
+        # whole progress lines (--log_every=40) any more.
+        assert train.total_steps(FLAGS, 8192) == 256
+        # A last partial batch is a step: 2 x 100 examples in 4 steps of 64.
+        assert train.total_steps(FLAGS, 100) == 4
+    assert train.total_steps(FLAGS, 8192) == 400  # --steps
+
+
 def test_helpshort_lists_the_jobs_flags():
     result = subprocess.run(
         [sys.executable, os.path.join(EXAMPLES, "train.py"), "--helpshort"],

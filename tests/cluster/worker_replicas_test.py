@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 import tensorflow as tf
@@ -78,6 +79,34 @@ def test_unavailable_text_names_the_task(listening_port):
     explained = replicas._explain(error, 0.4)
     assert explained.workers == ("/job:worker/replica:0/task:1",)
     assert "Socket closed" in str(explained)
+
+
+def test_a_worker_whose_port_closes_after_the_error_is_the_one_named(
+    listening_port,
+):
+    """A killed worker's port may still answer when its peers' failure
+    reaches the client; the error text names every task of the failed
+    op. The worker whose port closes within the settling time is named,
+    not the healthy task the text names too."""
+    dying = socket.socket()
+    dying.bind(("127.0.0.1", 0))
+    dying.listen()
+    replicas = replicas_at(listening_port, dying.getsockname()[1])
+    timer = threading.Timer(0.5, dying.close)
+    timer.start()
+    try:
+        error = tf.errors.UnavailableError(
+            None,
+            None,
+            "Graph execution error: /job:worker/replica:0/task:0 and "
+            "/job:worker/replica:0/task:1",
+        )
+        explained = replicas._explain(error, 0.1)
+    finally:
+        timer.join()
+        dying.close()
+    assert explained.workers == ("/job:worker/replica:0/task:1",)
+    assert "refuses connections" in str(explained)
 
 
 def test_run_returns_the_value_and_checks_timeout(listening_port):

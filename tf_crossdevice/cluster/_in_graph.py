@@ -45,7 +45,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice._core import checks, tf_internal
-from tf_crossdevice._core.network import port_answers
+from tf_crossdevice._core.network import port_answers, ports_answer
 from tf_crossdevice.cluster import _notices
 
 # These search TensorFlow's error text for the tasks it names; parsing a
@@ -62,6 +62,11 @@ _CONNECTION_ERRORS = (
     tf.errors.AbortedError,
     tf.errors.InternalError,
 )
+
+
+# How long a failed step's workers are probed for one that died: a killed
+# process keeps its ports open until it has freed its memory.
+_SETTLE_SECONDS = 2.0
 
 
 class WorkerUnreachableError(tf.errors.UnavailableError):
@@ -239,13 +244,33 @@ class WorkerReplicas:
         dead = [t for t, a in enumerate(self._addresses) if not port_answers(a)]
         return self._describe(dead)
 
+    def _refusing_tasks(self, settle: bool) -> list[int]:
+        """The tasks whose port refuses connections (or does not answer).
+
+        A worker killed a moment ago still accepts connections while its
+        process exits (the kernel closes its sockets only after freeing
+        its memory), and its peers' connections may already have failed
+        the step. With `settle`, ports that all answer are asked again for
+        up to _SETTLE_SECONDS, so that the dead worker, not every worker
+        the error text names, is the one reported.
+        """
+        deadline = time.monotonic() + (_SETTLE_SECONDS if settle else 0)
+        while True:
+            answers = ports_answer(self._addresses)
+            dead = [t for t, ok in enumerate(answers) if not ok]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.1)
+
     def _explain(self, error: Exception, elapsed: float) -> Exception:
         text = str(error)
         named = self._tasks_in(_REMOTE_TARGET_RE, text) or (
             self._tasks_in(_WORKER_RE, text)
             | {t for t, a in enumerate(self._addresses) if a in text}
         )
-        dead = [t for t, a in enumerate(self._addresses) if not port_answers(a)]
+        dead = self._refusing_tasks(
+            settle=isinstance(error, _CONNECTION_ERRORS)
+        )
         if not dead and not isinstance(error, tf.errors.UnavailableError):
             return error  # A healthy worker's op failed: TF's error says why.
         culprits = sorted(set(dead) or named)

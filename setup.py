@@ -82,12 +82,14 @@ setuptools.setup(
         # The documentation site (mkdocs.yml), built with --strict in CI.
         # Its hook (benchmarks/mkdocs_hooks.py) draws the benchmark page's
         # plots with matplotlib and imports the package, so the build also
-        # needs a TensorFlow (an extra above, e.g. `.[cpu,docs]`).
+        # needs a TensorFlow (an extra above, e.g. `.[cpu,docs]`); ruff
+        # formats the API pages' signatures (as pinned in `dev`).
         "docs": [
             "mkdocs==1.6.1",
             "mkdocs-material==9.6.23",
             "mkdocstrings[python]==0.30.1",
             "matplotlib>=3.8",
+            "ruff==0.17.6",
         ],
     },
     classifiers=["Programming Language :: Python :: 3"],

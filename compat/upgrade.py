@@ -45,7 +45,10 @@ __all__ = [
 ]
 
 PROG = "python -m tf_crossdevice.compat.upgrade"
-NEEDS_LIBCST = f"{PROG} needs libcst: pip install 'tf_crossdevice[upgrade]'"
+NEEDS_LIBCST = (
+    f"{PROG} needs libcst: pip install libcst "
+    "(from a checkout of tf_crossdevice: pip install -e '.[upgrade]')"
+)
 # Folders a project walk never wants: environments, VCS data, caches, Bazel.
 _SKIPPED_FOLDERS = frozenset({".venv", ".git", "__pycache__"})
 

@@ -1289,7 +1289,8 @@ def test_without_libcst_the_command_says_how_to_install_it(
     assert out == ""
     assert err == (
         "python -m tf_crossdevice.compat.upgrade needs libcst: "
-        "pip install 'tf_crossdevice[upgrade]'\n"
+        "pip install libcst (from a checkout of tf_crossdevice: "
+        "pip install -e '.[upgrade]')\n"
     )
 
 

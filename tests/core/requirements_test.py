@@ -57,7 +57,8 @@ def test_without_tensorflow_the_error_says_what_to_install():
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: tf_crossdevice needs TensorFlow"), last
-    assert "pip install 'tf_crossdevice[cpu]'" in last, last
+    assert "pip install 'tensorflow-cpu==2.21.*'" in last, last
+    assert "pip install -e '.[cpu]'" in last, last
 
 
 def test_another_tensorflow_version_is_named(tmp_path):
@@ -68,7 +69,7 @@ def test_another_tensorflow_version_is_named(tmp_path):
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert "needs TensorFlow 2.21, found 2.16.1" in last, last
-    assert "tf_crossdevice[gpu]" in last, last
+    assert "-e '.[gpu]'" in last, last
 
 
 @pytest.mark.parametrize("version", ["2.21.0", "2.21.1rc0", "2.21.0-dev"])

@@ -13,9 +13,10 @@ __version__ = "0.1.0"
 SUPPORTED_TENSORFLOW = "2.21"
 _INSTALL = (
     "install one TensorFlow 2.21 wheel, e.g. "
-    "`pip install 'tf_crossdevice[cpu]'` (tensorflow-cpu), "
-    "`pip install 'tf_crossdevice[gpu]'` (tensorflow[and-cuda]) or "
-    "`pip install 'tf_crossdevice[tensorflow]'`"
+    "`pip install 'tensorflow-cpu==2.21.*'`, or from a checkout of "
+    "tf_crossdevice `pip install -e '.[cpu]'` (tensorflow-cpu), "
+    "`pip install -e '.[gpu]'` (tensorflow[and-cuda]) or "
+    "`pip install -e '.[tensorflow]'`"
 )
 
 

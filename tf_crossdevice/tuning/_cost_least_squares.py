@@ -26,8 +26,8 @@ def _scipy_nnls() -> Callable[..., Any]:
         if error.name != "scipy":
             raise
         raise ImportError(
-            "fitting the cost model needs SciPy: "
-            "pip install 'tf_crossdevice[fit]'"
+            "fitting the cost model needs SciPy: pip install scipy "
+            "(from a checkout of tf_crossdevice: pip install -e '.[fit]')"
         ) from error
     return optimize.nnls
 

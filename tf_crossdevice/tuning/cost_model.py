@@ -9,7 +9,7 @@ A configuration is a constructor call as plain data, `(class_name, kwargs)`:
 and gradients are `(shape, dtype_name)` pairs, one per tensor of a replica.
 `predict` gives seconds per all-reduce step, `recommend` the fastest
 configuration it knows for a cluster, `fit` the constants from measured
-steps (with SciPy: `pip install 'tf_crossdevice[fit]'`). Nothing here
+steps (with SciPy: `pip install scipy`, or the `fit` extra). Nothing here
 runs a TensorFlow op.
 
 The model (Thakur, Rabenseifner and Gropp, "Optimization of Collective

@@ -23,8 +23,8 @@ from tf_crossdevice.packing import _pack as _packing
 BatchAllReduce: TypeAlias = Callable[
     [Sequence[Sequence[tf.Tensor]], Sequence[int]], list[list[tf.Tensor]]
 ]
-"""(values[k][d], index of each value) -> sums[k][d], the d-th on
-values[k][d].device: what an algorithm offers to reduce a whole batch."""
+"""`(values[k][d], index of each value) -> sums[k][d]`, the d-th on
+`values[k][d].device`: what an algorithm offers to reduce a whole batch."""
 
 
 def check_packing(

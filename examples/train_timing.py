@@ -28,13 +28,12 @@ elsewhere it cannot see them and prints none.
 Each is the median of `--timing_steps` calls after one untimed call that
 traces it; the training's step is the median of its own steps. Besides
 its all-reduce, the training's step under a strategy also runs small
-collectives that neither reference does (the distributed iterator's check
-that every worker has data, the preemption watcher's agreement, the loss's
-and the correct count's reductions). The chief prints. From them:
-the all-reduce's share of the step, the overlap (the step against the
-longer of the two, as if the shorter were hidden behind it) and the scaling
-efficiency (the step alone over the step: these hosts' examples/s over as
-many lone hosts').
+collectives that neither reference does (the preemption watcher's
+agreement, the loss's and the correct count's reduction). The chief
+prints. From them: the all-reduce's share of the step, the overlap (the
+step against the longer of the two, as if the shorter were hidden behind
+it) and the scaling efficiency (the step alone over the step: these
+hosts' examples/s over as many lone hosts').
 """
 
 from __future__ import annotations

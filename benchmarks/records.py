@@ -227,6 +227,8 @@ class Job:
     # The first host's cores kept busy (CPU time / wall time) during each
     # of the three, as the summary printed them.
     cores: list[float] | None = None
+    # The forward pass alone on the first host (--timing_steps).
+    forward_seconds: float | None = None
 
     @property
     def overlap(self) -> float | None:
@@ -252,6 +254,21 @@ class Job:
         if not (self.cores and alone and all_reduce and self.cores[1]):
             return None
         return alone + all_reduce * self.cores[2] / self.cores[1]
+
+    @property
+    def dependency_bound_seconds(self) -> float | None:
+        """The shortest step the step's order allows where the link bounds
+        the all-reduce: the forward pass alone, before which no gradient
+        exists, plus the all-reduce alone."""
+        if self.forward_seconds is None or self.all_reduce_seconds is None:
+            return None
+        return self.forward_seconds + self.all_reduce_seconds
+
+    @property
+    def bound_seconds(self) -> float | None:
+        """The larger of the core bound and the dependency bound."""
+        bounds = [self.core_bound_seconds, self.dependency_bound_seconds]
+        return max((b for b in bounds if b is not None), default=None)
 
 
 @dataclasses.dataclass

@@ -658,33 +658,51 @@ def training_targets(jobs: Sequence[Job]) -> list[Target]:
             if job is None:
                 continue
             if p == TRAINING_OVERLAP_HOSTS:
-                overlap = job.overlap
-                out.append(
-                    Target(
-                        f"{where}: {name} max(alone, all-reduce) / step "
-                        f"(step <= {TRAINING_OVERLAP:g} x max)",
-                        1 / overlap if overlap else None,
-                        round(1 / TRAINING_OVERLAP, 3),
-                        overlap is not None and overlap <= TRAINING_OVERLAP,
-                        False,
-                        _parts_note(job),
-                    )
-                )
+                out.append(_overlap_target(where, name, job))
             if p == TRAINING_CORE_BOUND_HOSTS:
-                measured = ratio(job.core_bound_seconds, job.step_seconds)
                 out.append(
-                    Target(
-                        f"{where}: {name} core bound / step (step <= "
-                        f"{TRAINING_CORE_BOUND:g} x the bound)",
-                        measured,
-                        round(1 / TRAINING_CORE_BOUND, 3),
-                        measured is not None
-                        and measured >= 1 / TRAINING_CORE_BOUND - 1e-9,
-                        False,
-                        _parts_note(job),
+                    _bound_target(
+                        where, name, job, job.core_bound_seconds, "core bound"
                     )
                 )
     return out
+
+
+def _overlap_target(where: str, name: str, job: Job) -> Target:
+    """step <= TRAINING_OVERLAP x max(alone, all-reduce); where the job's
+    bound (its cores, or its forward pass before any gradient exists) is
+    above that, the target is scored against the bound instead."""
+    overlap = job.overlap
+    bound = job.bound_seconds
+    longer = max(job.alone_seconds or 0.0, job.all_reduce_seconds or 0.0)
+    if overlap is not None and bound and bound > TRAINING_OVERLAP * longer:
+        return _bound_target(where, name, job, bound, "bound")
+    return Target(
+        f"{where}: {name} max(alone, all-reduce) / step "
+        f"(step <= {TRAINING_OVERLAP:g} x max)",
+        1 / overlap if overlap else None,
+        round(1 / TRAINING_OVERLAP, 3),
+        overlap is not None and overlap <= TRAINING_OVERLAP,
+        False,
+        _parts_note(job),
+    )
+
+
+def _bound_target(
+    where: str, name: str, job: Job, bound: float | None, label: str
+) -> Target:
+    """step <= TRAINING_CORE_BOUND x `bound` (its `label` in the name),
+    scored as bound / step."""
+    measured = ratio(bound, job.step_seconds)
+    return Target(
+        f"{where}: {name} {label} / step (step <= "
+        f"{TRAINING_CORE_BOUND:g} x the bound)",
+        measured,
+        round(1 / TRAINING_CORE_BOUND, 3),
+        measured is not None and measured >= 1 / TRAINING_CORE_BOUND - 1e-9,
+        False,
+        _parts_note(job),
+    )
 
 
 def _fastest_job(jobs: Iterable[Job]) -> Job | None:
@@ -721,10 +739,17 @@ def _parts_note(job: Job) -> str:
         f"{_ms(job.all_reduce_seconds)}"
     )
     bound = job.core_bound_seconds
-    if bound is None:
-        return note
-    return (
-        f"{note}; the host's core share allows no step under "
-        f"{_ms(bound)} (alone + the all-reduce's CPU time), a scaling "
-        f"efficiency of at most {ratio(job.alone_seconds, bound):.2f}"
-    )
+    if bound is not None:
+        note += (
+            f"; the host's core share allows no step under "
+            f"{_ms(bound)} (alone + the all-reduce's CPU time), a scaling "
+            f"efficiency of at most {ratio(job.alone_seconds, bound):.2f}"
+        )
+    order = job.dependency_bound_seconds
+    if order is not None:
+        note += (
+            f"; no step is under {_ms(order)}, the forward pass alone "
+            f"({_ms(job.forward_seconds)}, before which no gradient "
+            "exists) + the all-reduce alone"
+        )
+    return note

@@ -179,7 +179,12 @@ def parse(
         alone,
         all_reduce,
         cores=[float(c) for c in cores.groups()] if cores else None,
+        forward_seconds=_seconds(number(r"forward pass alone ([\d.]+) ms")),
     )
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1e3
 
 
 def run_job(

@@ -319,11 +319,27 @@ def _time_parts(strategy, model, config, data, reporter):
     all_reduce, all_reduce_cores = train_timing.all_reduce_seconds(
         strategy, model.trainable_variables, calls
     )
+    loss_fn = _loss_fn()
+
+    @tf.function
+    def forward(inputs):
+        def replica(x, y):
+            return tf.reduce_sum(loss_fn(y, copy(x, training=True)))
+
+        return alone.experimental_local_results(alone.run(replica, inputs))
+
+    batches = itertools.islice(
+        _distributed(alone, data, batch, config.seed, 0, calls + 1), calls + 1
+    )
+    forward_seconds, _ = train_timing.steps_seconds(
+        (forward(inputs) for inputs in batches), calls
+    )
     return train_timing.Parts(
         reporter.median_step_seconds(),
         alone_seconds,
         all_reduce,
         (reporter.step_cores(), alone_cores, all_reduce_cores),
+        forward_seconds,
     )
 
 
@@ -911,11 +927,31 @@ def _time_in_graph_parts(
         if config.worker_cpu_seconds
         else None
     )
+    loss_fn = _loss_fn()
+
+    @tf.function
+    def forward(images, labels):
+        losses = []
+        for i, r in enumerate(task0):
+            rows = slice(i * per_replica, (i + 1) * per_replica)
+            with tf.device(replicas.devices[r]):
+                logits = models[r](images[rows], training=True)
+                losses.append(tf.reduce_sum(loss_fn(labels[rows], logits)))
+        # One scalar back, as the step alone returns: not every example's.
+        return tf.add_n(losses)
+
+    batches = iter(
+        train_data.dataset(data, per_replica * k, config.seed, 0, calls + 1)
+    )
+    forward_seconds, _ = train_timing.median_seconds(
+        lambda: replicas.run(forward, *next(batches)), calls, cpu
+    )
     return train_timing.Parts(
         reporter.median_step_seconds(),
         alone_seconds,
         all_reduce_seconds,
         cores,
+        forward_seconds,
     )
 
 

@@ -11,6 +11,11 @@ own core share while the others do, as in training):
   worker's own devices (several are reduced with ReductionToOneDevice), on
   this worker's part of the global batch. Nothing crosses a link: it is
   the step of a one-host job with this core share.
+- the forward pass alone: the step's forward pass and loss, on the same
+  copy and examples as the step alone, no gradient taken. No gradient
+  exists before it ends, so no step of a model whose all-reduce is
+  bounded by its link is shorter than it plus the all-reduce alone (the
+  dependency bound), whatever the overlap.
 - the all-reduce alone: the all-reduce the step runs, through the same path
   (Keras's optimizer sums the gradients with the replica context's
   `all_reduce`), on values of the gradients' shapes and dtypes: the
@@ -59,6 +64,7 @@ class Parts:
     # CPU seconds per second during each of (step, alone, all-reduce) of
     # what trains on this host: the cores it kept busy.
     cores: tuple[float, float, float] | None = None
+    forward: float | None = None  # The forward pass alone on this host.
 
     @property
     def all_reduce_share(self) -> float:
@@ -91,6 +97,13 @@ class Parts:
             f"scaling efficiency: {self.scaling_efficiency:.2f} (this host "
             "alone / step)",
         ]
+        if self.forward is not None:
+            lines.append(
+                f"forward pass alone {self.forward * ms:.1f} ms: no step "
+                "under it + the all-reduce alone, "
+                f"{(self.forward + self.all_reduce) * ms:.1f} ms (no "
+                "gradient exists before the forward pass ends)"
+            )
         if self.cores:
             step, alone, all_reduce = self.cores
             lines.append(

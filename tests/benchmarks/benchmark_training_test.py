@@ -19,6 +19,7 @@ SUMMARY = """\
 [worker 0] total examples/s: 372.5 (59 steps x 128 examples in 20.3 s, after the first step)
 [worker 0] step 341.2 ms; this host alone 96.0 ms; all-reduce alone 250.4 ms
 [worker 0] all-reduce share of the step: 0.73 (all-reduce alone / step)
+[worker 0] forward pass alone 31.5 ms: no step under it + the all-reduce alone, 281.9 ms (no gradient exists before the forward pass ends)
 [worker 0] cores busy (CPU time / wall time): step 0.81, alone 0.96, all-reduce alone 0.70
 [worker 0] final loss: 0.5000
 [worker 0] held-out accuracy: 0.799 (1024 examples)
@@ -37,10 +38,14 @@ def test_parse_reads_the_chiefs_summary():
     assert job.overlap == pytest.approx(1.3626, abs=1e-4)
     assert job.scaling_efficiency == pytest.approx(0.2814, abs=1e-4)
     assert job.cores == [0.81, 0.96, 0.70]
+    assert job.forward_seconds == pytest.approx(0.0315)
+    assert job.dependency_bound_seconds == pytest.approx(0.2819)
     nothing = training.parse("TF MWMS", 2, "1gbit", [], "no summary")
     assert nothing.examples_per_second is None
     assert nothing.step_seconds is None and nothing.overlap is None
     assert nothing.cores is None
+    assert nothing.forward_seconds is None
+    assert nothing.dependency_bound_seconds is None
 
 
 def test_commands_run_the_job_on_emulated_hosts():
@@ -238,3 +243,32 @@ def test_a_small_job_on_two_emulated_hosts(name):
     # the controller reads its first worker's.
     assert 0 < job.cores[0] <= 1.1 * os.cpu_count() / 2
     assert _left_by_dead_builders() == []
+
+
+def test_a_forward_pass_above_the_overlaps_slack_scores_the_bound():
+    """At 2 hosts, step <= 1.15 x max(alone, all-reduce) unless the forward
+    pass alone + the all-reduce alone is longer: then step <= 1.1 x that
+    (or the core bound, when larger)."""
+    job = _job(training.COLLECTIVE, 2, 500.0, 0.8, (0.2, 0.06, 0.138))
+    job.forward_seconds = 0.025
+    # 1.15 x 138 = 158.7 ms < 25 + 138 = 163 ms: bounded by the order.
+    (target,) = _by_name([job]).values()
+    assert target.name == (
+        "example job, 2 emulated hosts at 1gbit: "
+        f"{training.COLLECTIVE} bound / step (step <= 1.1 x the bound)"
+    )
+    assert target.measured == pytest.approx(0.815) and not target.met
+    assert target.threshold == pytest.approx(0.909)
+    assert target.note.endswith(
+        "no step is under 163.000 ms, the forward pass alone (25.000 ms, "
+        "before which no gradient exists) + the all-reduce alone"
+    )
+    # A core bound above it wins: 60 ms alone + 138 x 0.5 / 0.6 = 175 ms.
+    job.cores = [0.6, 0.6, 0.5]
+    (target,) = _by_name([job]).values()
+    assert target.measured == pytest.approx(0.875) and not target.met
+    # A short forward pass: the overlap target as it was, 138 / 200.
+    job.cores, job.forward_seconds = None, 0.01
+    (target,) = _by_name([job]).values()
+    assert "max(alone, all-reduce) / step" in target.name
+    assert target.measured == pytest.approx(0.69) and not target.met

@@ -112,6 +112,18 @@ def check_parts(out: str, share: float | None = None) -> None:
     assert ratio("scaling efficiency") == pytest.approx(
         alone / step, **close(alone, step)
     )
+    forward = re.search(
+        r"forward pass alone ([\d.]+) ms: no step under it \+ the "
+        r"all-reduce alone, ([\d.]+) ms",
+        out,
+    )
+    assert forward, out
+    # The forward pass is part of the step alone (medians of a few calls of
+    # a few ms each: up to a millisecond apart); the bound adds the two.
+    assert 0 < float(forward[1]) < alone + 1.0, forward[0]
+    assert float(forward[2]) == pytest.approx(
+        float(forward[1]) + all_reduce, abs=0.11
+    )
     cores = re.search(
         r"cores busy \(CPU time / wall time\): step ([\d.]+), alone "
         r"([\d.]+), all-reduce alone ([\d.]+)",

@@ -42,6 +42,12 @@ def test_ratios_of_hand_worked_times():
         "cores busy (CPU time / wall time): step 0.90, alone 1.00, "
         "all-reduce alone 0.25"
     )
+    forward = dataclasses.replace(busy, forward=0.04)
+    assert forward.lines()[-2:] == [
+        "forward pass alone 40.0 ms: no step under it + the all-reduce "
+        "alone, 100.0 ms (no gradient exists before the forward pass ends)",
+        busy.lines()[-1],
+    ]
     # The all-reduce the longer part: the overlap is against it.
     slow_wire = dataclasses.replace(parts, all_reduce=0.5)
     assert slow_wire.overlap == pytest.approx(0.3)

@@ -133,10 +133,12 @@ def read_cache(path: pathlib.Path, topology: Topology) -> dict[str, Any] | None:
 def cached_result(
     entry: dict[str, Any], path: pathlib.Path, elapsed_seconds: float
 ) -> AutotuneResult:
-    """autotune's answer from a cache entry (`read_cache`), logged at INFO
-    once, with the file: nothing is measured, which a user would otherwise
-    only notice by how fast it returned."""
-    logging.info(
+    """autotune's answer from a cache entry (`read_cache`), logged once
+    with the file, at WARNING: absl shows nothing below it by default, and
+    an answer measured in another run (another load, another version of
+    the model) is one a user must be able to see, not only notice by how
+    fast it returned."""
+    logging.warning(
         "autotune: %s, read from the cache file %s (measured %s with a "
         "%g s budget); nothing measured now: delete the file to measure "
         "again",

@@ -467,14 +467,19 @@ def _bytes_ratio(g: Group, more: str, fewer: str) -> float | None:
     other."""
     sent = []
     for name in (more, fewer):
-        r = next((r for r in g.results if r.name == name and r.ok), None)
+        r = _verified(g, name)
         sent.append(max(r.sent_bytes_per_host or [0.0]) if r else 0.0)
     return ratio(sent[0], sent[1]) if sent[1] else None
 
 
 def _cpu_ms_per_mib(g: Group, name: str) -> float | None:
-    r = next((r for r in g.results if r.name == name and r.ok), None)
+    r = _verified(g, name)
     return r.cpu_ms_per_mib if r is not None else None
+
+
+def _verified(g: Group, name: str) -> Result | None:
+    """The group's verified entry `name`, if it has one."""
+    return next((r for r in g.results if r.name == name and r.ok), None)
 
 
 def bytes_model(g: Group, r: Result) -> list[float] | None:

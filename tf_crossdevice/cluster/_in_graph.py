@@ -45,7 +45,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_crossdevice._core import checks, tf_internal
-from tf_crossdevice._core.network import port_answers, ports_answer
+from tf_crossdevice._core.network import ports_answer
 from tf_crossdevice.cluster import _notices
 
 # These search TensorFlow's error text for the tasks it names; parsing a
@@ -241,8 +241,7 @@ class WorkerReplicas:
         ]
 
     def _dead_workers(self) -> list[str]:
-        dead = [t for t, a in enumerate(self._addresses) if not port_answers(a)]
-        return self._describe(dead)
+        return self._describe(self._refusing_tasks(settle=False))
 
     def _refusing_tasks(self, settle: bool) -> list[int]:
         """The tasks whose port refuses connections (or does not answer).

@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import gc
 import json
 import os
 import signal
@@ -326,6 +325,11 @@ def run_in_graph_controller(
     summary = train_loops.train_in_graph(replicas, ops, config, data)
     if summary:  # Empty when preempted.
         print(summary, flush=True)
+    # What the job placed on the workers is freed while they still answer;
+    # later, TensorFlow would log an error line for each function it could
+    # no longer free there.
+    del ops, config, data
+    replicas.release()
     return 0
 
 
@@ -423,10 +427,6 @@ def launch_in_graph(v: Any) -> int:
             local.cluster_spec.as_dict(),
             functools.partial(local.cpu_seconds, 0),
         )
-        # Functions and variables placed on the workers are released while
-        # the workers still answer; later, TensorFlow would log an error for
-        # each one it can no longer release remotely.
-        gc.collect()
     print(
         f"workers stopped; wall time {time.perf_counter() - start:.1f} s",
         flush=True,

@@ -11,6 +11,8 @@ reports what TensorFlow did.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 import numpy as np
@@ -144,6 +146,36 @@ def run_until_failure(job):
     os._exit(0)  # A stuck step's thread must not keep the process alive.
 
 
+def run_release(job):
+    """Drops a function traced for the workers while worker 0 is stopped
+    (SIGSTOP), resumes it `job["resume_after"]` seconds later, and reports
+    how long `release` took; then kills the worker, so that a release
+    still unanswered would fail now and TensorFlow would log it."""
+    replicas = multi_worker.WorkerReplicas(job["cluster"])
+    worker = job["worker_pid"]
+
+    @tf.function
+    def step():
+        with tf.device(replicas.devices[0]):
+            return tf.reduce_sum(tf.range(10))
+
+    replicas.run(step)
+    cycle = [step]
+    cycle.append(cycle)  # Freed by a collection only, as steps often are.
+    del step, cycle
+    os.kill(worker, signal.SIGSTOP)
+    threading.Timer(
+        job["resume_after"], os.kill, (worker, signal.SIGCONT)
+    ).start()
+    start = time.monotonic()
+    replicas.release()
+    waited = time.monotonic() - start
+    os.kill(worker, signal.SIGKILL)
+    time.sleep(1.0)  # A late release's error line would come meanwhile.
+    processes.reply({"waited": waited})
+    os._exit(0)  # The context still names the killed worker.
+
+
 def run_legacy_graph(job):
     """TF 1 style: in-graph MirroredStrategy over the workers' devices."""
     spec = job["cluster"]
@@ -200,4 +232,5 @@ if __name__ == "__main__":
         "cases": run_cases,
         "until_failure": run_until_failure,
         "legacy_graph": run_legacy_graph,
+        "release": run_release,
     }[job["mode"]](job)

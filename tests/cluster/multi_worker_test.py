@@ -273,6 +273,25 @@ def test_hung_worker_is_bounded_by_timeout_seconds():
     assert reported < 20, reported
 
 
+def test_release_waits_until_the_workers_have_freed_what_was_dropped():
+    """A function dropped while its worker is stopped: `release` returns
+    only once the worker, resumed 1.5 s later, has answered, so that
+    killing the worker then leaves no release unanswered (TensorFlow logs
+    an error line for each)."""
+    with cluster.start_local_cluster(1) as c:
+        job = {
+            "mode": "release",
+            "cluster": c.cluster_spec.as_dict(),
+            "worker_pid": c.processes[0].pid,
+            "resume_after": 1.5,
+        }
+        with start_client(job) as client:
+            result = client.receive(timeout=120)
+            stderr = client.stderr_text()
+    assert result["waited"] >= 1.4, result
+    assert "Failed to remove function remotely" not in stderr, stderr
+
+
 def test_legacy_graph_mode_mirrored_strategy_over_workers(workers):
     """TF 1 code: in-graph MirroredStrategy on the workers' devices, Session.
 

@@ -47,9 +47,9 @@ LOOPBACK_TARGETS = {"resnet50": (2, 0.5)}
 # one device per worker, and the hierarchical collective's gain over the
 # flat one with 2 local devices. "wire": ours best uncompressed as a
 # fraction of the wire bound (`wire_bound`: the wire roofline
-# 2(p-1)/p*S / rate, or TF's gRPC copy of the bytes where that is slower); "bf16": the fastest bf16
-# candidate over the same uncompressed; "tf_best": ours best (PowerSGD
-# left out) over TF's best;
+# 2(p-1)/p*S / rate, or TF's gRPC copy of the bytes where that is
+# slower); "bf16": the fastest bf16 candidate over the same
+# uncompressed; "tf_best": ours best (PowerSGD left out) over TF's best;
 # "mwms": our CollectiveAllReduce with no arguments (what README shows)
 # over MWMS's best, whatever its options; "default_wire": the same entry as
 # a fraction of the wire bound;

@@ -56,11 +56,15 @@ OUTAGE = 2.0
 # sent their last bytes before it.
 IN_FLIGHT = 0.5
 # The stall report comes after a step waited STALL_WARNING. Steps
-# all-reduce SIZE floats (1 MiB): a few milliseconds at 1 Gbit/s, most of
-# a minute at CRAWL, so a step on the slowed link waits past STALL_WARNING.
+# all-reduce SIZE floats (1 MiB): a few milliseconds at 1 Gbit/s, about 8 s
+# at CRAWL, so a step on the slowed link waits past STALL_WARNING. CRAWL
+# still lets a 9000-byte frame through within the token bucket's 100 ms
+# queue: at 100 kbit/s (0.72 s a frame) it dropped nearly every frame, TCP
+# backed its retransmissions off for seconds, and once the link was
+# restored the step could still outlast TIMEOUT.
 STALL_WARNING = 2.0
 SIZE = 1 << 18
-CRAWL = "100kbit"
+CRAWL = "1mbit"
 STALLED = re.compile(r"Stalled collective: step (\d+) of (\S+) .*")
 
 SERVE = """

@@ -44,10 +44,52 @@ FLAGS = flags.FLAGS
 # segfault in TraceMeRecorder::Consume). The launcher then prints that
 # worker's Python stack, which ends in the profiler's stop.
 _PROFILER_CRASH = re.compile(
-    r"\[worker \d\] exited with -(?:6|11):\n.*?"
-    r"/profiler/profiler_v2\.py\", line \d+ in stop\n",
+    r"\[worker \d\] exited with -(?:6|11):\n"
+    r"(?:(?!\[worker \d\] exited).)*?"  # within that worker's report
+    r"Current thread [^\n]*\n"
+    r"\s+File \"[^\"]*/profiler/profiler_v2\.py\", line \d+ in stop\n",
     re.DOTALL,
 )
+
+
+def test_only_a_crash_in_the_profilers_stop_is_run_again():
+    """_PROFILER_CRASH on the launcher's report of a crashed worker (its
+    stderr's faulthandler dump, shortened): the crashing thread's first
+    frame must be the profiler's stop."""
+    stop = (
+        '  File "/venv/site-packages/tensorflow/python/profiler/'
+        'profiler_v2.py", line 149 in stop\n'
+    )
+    others = '  File "/usr/lib/python3.11/threading.py", line 1045 in run\n'
+    crashed = (
+        "[worker 1] exited with -6:\n" + others + "\n"
+        "Current thread 0x00007ff2145c1b80 (most recent call first):\n"
+        + stop
+        + '  File "/x/tf_crossdevice/training/_timeline.py", line 187 in '
+        "profile_step\n"
+    )
+    assert _PROFILER_CRASH.search(crashed)
+    assert _PROFILER_CRASH.search(crashed.replace("-6:", "-11:"))
+    # Another crash: the profiler's stop runs in some other thread.
+    elsewhere = (
+        "[worker 1] exited with -11:\nThread 0x1 (most recent call first):"
+        "\n"
+        + stop
+        + "\nCurrent thread 0x2 (most recent call first):\n"
+        + others
+    )
+    assert not _PROFILER_CRASH.search(elsewhere)
+    # An exception in the profiler's stop is an error, not that crash.
+    raised = (
+        "[worker 1] exited with 1:\nTraceback (most recent call last):\n"
+        '  File "/venv/site-packages/tensorflow/python/profiler/'
+        'profiler_v2.py", line 149, in stop\n'
+    )
+    assert not _PROFILER_CRASH.search(raised)
+    # Worker 0's crash elsewhere, then worker 1's report naming the stop
+    # in another thread: neither is the profiler's crash.
+    two = "[worker 0] exited with -11:\n" + others + elsewhere
+    assert not _PROFILER_CRASH.search(two)
 
 
 def run_profiled(args_in: Callable[[pathlib.Path], list[str]], tmp_path):

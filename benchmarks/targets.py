@@ -373,15 +373,15 @@ def wire_targets(g: Group, base: str, stand_in: bool) -> list[Target]:
             goals = WIRE_TARGETS.get(base, [])
         locals_ = WIRE_LOCAL_TARGETS.get((base, g.local_devices), [])
     roof = g.time(g.roofline)
+    links, links_note = wire_bound(g)
     out = []
     for what, threshold in goals + locals_:
         if what == "wire":
             ours_name = _best_uncompressed(g, "ours ")
-            bound, bound_note = wire_bound(g)
-            measured = ratio(bound, g.time(ours_name))
+            measured = ratio(links, g.time(ours_name))
             name = "ours best uncompressed / wire bound"
             note = f"ours best uncompressed {_ms(g.time(ours_name))} "
-            note += f"({ours_name}), {bound_note}"
+            note += f"({ours_name}), {links_note}"
         elif what == "bf16":
             bf16 = _fastest_bf16(g)
             plain = bf16.removesuffix(BF16) if bf16 else None
@@ -419,10 +419,9 @@ def wire_targets(g: Group, base: str, stand_in: bool) -> list[Target]:
             ours_name = FLAT
             if g.time(ours_name) is None:
                 continue  # not measured in this run
-            bound, bound_note = wire_bound(g)
-            measured = ratio(bound, g.time(ours_name))
+            measured = ratio(links, g.time(ours_name))
             name = "CollectiveAllReduce() / wire bound"
-            note = f"{ours_name} {_ms(g.time(ours_name))}, {bound_note}"
+            note = f"{ours_name} {_ms(g.time(ours_name))}, {links_note}"
         else:  # our default against a reference of the same kind
             ours_name, other_name = (
                 (FLAT, _best_uncompressed(g, MWMS))

@@ -70,6 +70,9 @@ setuptools.setup(
             "scipy>=1.11",
             # tests/compat/compat_upgrade_test.py runs the migration command.
             "libcst>=1.1",
+            # tests/examples/timeline_flag_test.py reads where a hung job's
+            # workers wait without stopping them.
+            "py-spy>=0.3",
         ],
         # Pinned: a new release's rules would otherwise fail CI on its own.
         # import-linter checks the layering (.importlinter).

@@ -11,8 +11,11 @@ import json
 import os
 import pathlib
 import re
+import subprocess
+import sysconfig
 from collections.abc import Callable
 
+import psutil
 import pytest
 import tensorflow as tf
 from absl import flags
@@ -27,9 +30,7 @@ from tests.examples.example_train_test import (  # noqa: F401 (fixtures)
     train_flags,
 )
 from tests.examples.examples_test import (
-    TIMEOUT,
     assert_no_error_lines,
-    run,
     scalar_tags,
     start,
 )
@@ -37,19 +38,32 @@ from tf_crossdevice.cluster import processes
 
 FLAGS = flags.FLAGS
 
-# TensorFlow 2.21's profiler can crash the process that stops it: its host
-# tracer, merging an event that began on one thread and ended on another (a
-# collective's CompleteParams, which waits on a peer's answer), writes
-# through a pointer into memory it has freed ("free(): invalid pointer" or a
-# segfault in TraceMeRecorder::Consume). The launcher then prints that
-# worker's Python stack, which ends in the profiler's stop.
+# TensorFlow 2.21's profiler can crash or hang the process that stops it:
+# its host tracer, merging an event that began on one thread and ended on
+# another (a collective's CompleteParams, which waits on a peer's answer),
+# writes through pointers into event lists it has copied and freed while its
+# list of threads grew. The heap it corrupts then ends the process with
+# SIGABRT ("free(): invalid pointer"), SIGBUS or SIGSEGV, or may leave it
+# stuck in the stop (one run of the suite hung in this job; nothing showed
+# where then, py-spy now does). The launcher prints a crashed worker's
+# Python stack (faulthandler's, as absl's app.run enables it), its main
+# thread in the profiler's stop.
 _PROFILER_CRASH = re.compile(
-    r"\[worker \d\] exited with -(?:6|11):\n"
+    r"\[worker \d\] exited with -(?:6|7|11):\n"
     r"(?:(?!\[worker \d\] exited).)*?"  # within that worker's report
     r"Current thread [^\n]*\n"
     r"\s+File \"[^\"]*/profiler/profiler_v2\.py\", line \d+ in stop\n",
     re.DOTALL,
 )
+
+# On a loaded machine about 1 job in 8 met that crash (3 of 24 runs, each
+# beside two other jobs and a busy loop): three tries all fail about once
+# in 500 runs, where two failed about once in 64.
+_ATTEMPTS = 3
+
+# The job takes about 25 s on a loaded machine; a first try still running
+# after this long has hung.
+_HUNG_AFTER = 120
 
 
 def test_only_a_crash_in_the_profilers_stop_is_run_again():
@@ -69,7 +83,10 @@ def test_only_a_crash_in_the_profilers_stop_is_run_again():
         "profile_step\n"
     )
     assert _PROFILER_CRASH.search(crashed)
-    assert _PROFILER_CRASH.search(crashed.replace("-6:", "-11:"))
+    for signal_number in ("-7:", "-11:"):
+        assert _PROFILER_CRASH.search(crashed.replace("-6:", signal_number))
+    # Killed by a signal the corrupted heap does not send.
+    assert not _PROFILER_CRASH.search(crashed.replace("-6:", "-9:"))
     # Another crash: the profiler's stop runs in some other thread.
     elsewhere = (
         "[worker 1] exited with -11:\nThread 0x1 (most recent call first):"
@@ -92,25 +109,77 @@ def test_only_a_crash_in_the_profilers_stop_is_run_again():
     assert not _PROFILER_CRASH.search(two)
 
 
+def _workers_stuck_in_the_profilers_stop(job: processes.Child) -> str:
+    """py-spy's dump of each worker of a hung job (it reads their memory;
+    they go on), and whether one's main thread waits in the profiler's
+    stop (its thread id is its process id), as (dumps, stuck)."""
+    py_spy = os.path.join(sysconfig.get_path("scripts"), "py-spy")
+    dumps, stuck = [], False
+    for worker in psutil.Process(job.pid).children():
+        dump = subprocess.run(
+            [py_spy, "dump", "--nonblocking", "--pid", str(worker.pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        text = dump.stdout + dump.stderr
+        dumps.append(text)
+        stuck = stuck or bool(_in_the_profilers_stop(worker.pid).search(text))
+    return "\n".join(dumps), stuck
+
+
+def _in_the_profilers_stop(pid: int) -> re.Pattern[str]:
+    """A py-spy dump whose thread `pid` (a process's main thread) has the
+    profiler's stop as its innermost frame."""
+    return re.compile(
+        rf"^Thread {pid} \(\w+\)[^\n]*\n"
+        r"\s+stop \([^)\n]*/profiler/profiler_v2\.py:\d+\)\n",
+        re.MULTILINE,
+    )
+
+
+def test_a_hang_counts_only_with_the_main_thread_in_the_stop():
+    """_in_the_profilers_stop on py-spy's dumps, shortened: the stop must
+    be the innermost frame of the process's own (main) thread."""
+    frames = (
+        "    stop (/venv/tensorflow/python/profiler/profiler_v2.py:149)\n"
+        "    profile_step (/x/tf_crossdevice/training/_timeline.py:187)\n"
+    )
+    main = 'Thread 4242 (idle): "MainThread"\n' + frames
+    assert _in_the_profilers_stop(4242).search("Process 4242: python\n" + main)
+    assert not _in_the_profilers_stop(4243).search(main)
+    other = 'Thread 4250 (idle): "Thread-1"\n' + frames
+    assert not _in_the_profilers_stop(4242).search(other)
+    deeper = main.replace(
+        "    stop", "    wait (/x/threading.py:320)\n    stop"
+    )
+    assert not _in_the_profilers_stop(4242).search(deeper)
+
+
 def run_profiled(args_in: Callable[[pathlib.Path], list[str]], tmp_path):
-    """`run(*args_in(folder))` in a new folder of `tmp_path`, once more in
-    another when TensorFlow's profiler crashed a worker as it stopped
-    (_PROFILER_CRASH); any other failure fails at once. Returns the job's
-    stdout and its folder."""
-    folder = tmp_path / "first"
-    folder.mkdir()
-    with start(*args_in(folder)) as job:
-        try:
-            out = "\n".join(job.read_all(TIMEOUT))
-        except processes.ChildError:
-            if not _PROFILER_CRASH.search(job.stderr_text()):
-                raise
-        else:
+    """`run(*args_in(folder))` in a new folder of `tmp_path`, again in
+    another (up to _ATTEMPTS in all) when TensorFlow's profiler crashed a
+    worker as it stopped (_PROFILER_CRASH) or left one stuck in its stop
+    (py-spy shows where a hung job's workers wait); any other failure fails
+    at once. Returns the job's stdout and its folder."""
+    for attempt in range(1, _ATTEMPTS + 1):
+        folder = tmp_path / f"attempt{attempt}"
+        folder.mkdir()
+        with start(*args_in(folder)) as job:
+            try:
+                out = "\n".join(job.read_all(_HUNG_AFTER))
+            except processes.ChildError as e:
+                if e.returncode is None:
+                    report, again = _workers_stuck_in_the_profilers_stop(job)
+                else:
+                    report = job.stderr_text()
+                    again = bool(_PROFILER_CRASH.search(report))
+                if attempt == _ATTEMPTS or not again:
+                    raise AssertionError(f"{e}\n{report}") from e
+                continue
             assert_no_error_lines(job.stderr_text())
             return out, folder
-    folder = tmp_path / "again"
-    folder.mkdir()
-    return run(*args_in(folder)), folder
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.parametrize(

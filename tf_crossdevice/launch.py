@@ -44,9 +44,15 @@ from tf_crossdevice.cluster import hosts as _hosts
 from tf_crossdevice.cluster import processes as _processes
 
 __all__ = [
+    "RESTART_VARIABLE",
+    "parse_num_workers",
     "run_local_job",
     "tf_config_envs",
 ]
+
+# In every worker's environment: which round of the job it belongs to, 0
+# for the first, k for the k-th restart (`run_local_job`'s max_restarts).
+RESTART_VARIABLE = "TF_CROSSDEVICE_RESTART"
 
 _POLL_SECONDS = 0.05
 
@@ -99,67 +105,161 @@ def run_local_job(
     env: Mapping[str, str] | None = None,
     echo: bool = True,
     link_rate: str | None = None,
+    min_workers: int | None = None,
+    max_restarts: int = 0,
+    rendezvous_seconds: float = 60.0,
 ) -> list[int]:
     """Runs `argv` as `num_workers` workers of one cluster; their statuses.
+
+    A round fails when a worker ends with a status other than 0 (a signal
+    too: its status is then negative). With `max_restarts`, a failed round
+    is followed by another, up to `max_restarts` times: every worker is
+    started again, and a job that saves checkpoints resumes from its last
+    one. Each round takes the hosts that answer when it starts
+    (`EmulatedHosts.answering`; without emulated hosts, this machine, which
+    always does), at least `min_workers` of them and at most `num_workers`:
+    a host cut off is left out and one that answers again is taken back.
+    Every worker's environment holds RESTART_VARIABLE, the round's number
+    (0 for the first), and a restart prints a line that says how many
+    workers it runs ("restart 1: 2 workers on hosts 0, 2 (1 does not
+    answer)").
 
     Args:
         argv: the command every worker runs, e.g. [sys.executable,
             "train.py", "--epochs=2"].
-        num_workers: worker processes.
-        timeout_seconds: stop every worker after this long (None: never);
-            a stopped worker's status is negative (the signal).
+        num_workers: worker processes, at most (and at least, without
+            `min_workers`).
+        timeout_seconds: stop every worker after this long in all (None:
+            never); a stopped worker's status is negative (the signal).
         grace_seconds: how long the others may run after one fails.
         env: variables set on top of this process's environment.
         echo: print each worker's lines with a "[worker i] " prefix.
         link_rate: run each worker on its own emulated host, on a link of
             this rate ('1gbit'; see `tf_crossdevice.cluster.hosts`); None:
             every worker on this machine's loopback.
+        min_workers: the fewest workers a round may run (default:
+            `num_workers`).
+        max_restarts: how many failed rounds are followed by another.
+        rendezvous_seconds: how long a round waits for `min_workers` hosts
+            to answer.
 
     Returns:
-        Each worker's exit status, in task order.
+        Each worker's exit status in the last round, in task order.
+
+    Raises:
+        RuntimeError: fewer than `min_workers` hosts answered within
+            `rendezvous_seconds`.
     """
     argv = checks.string_list(argv, "argv", "command-line word")
     checks.positive_int(num_workers, "num_workers")
     if timeout_seconds is not None:
         checks.positive_number(timeout_seconds, "timeout_seconds")
+    least = num_workers if min_workers is None else min_workers
+    checks.positive_int(least, "min_workers")
+    if least > num_workers:
+        raise ValueError(
+            f"min_workers: {least} is more than num_workers={num_workers}"
+        )
+    checks.non_negative_int(max_restarts, "max_restarts")
+    checks.positive_number(rendezvous_seconds, "rendezvous_seconds")
+    deadline = None if timeout_seconds is None else (
+        time.monotonic() + timeout_seconds
+    )  # fmt: skip
     hosts: contextlib.AbstractContextManager[_hosts.EmulatedHosts | None]
     if link_rate is None:
         hosts = contextlib.nullcontext()
     else:
         hosts = _hosts.EmulatedHosts(num_workers, link_rate)
     with hosts as bed:
-        return _run(argv, num_workers, bed, timeout_seconds, grace_seconds,
-                    env, echo)  # fmt: skip
+        restart = 0
+        while True:
+            members = _members(bed, num_workers, least, rendezvous_seconds)
+            if restart:
+                print(_restart_line(restart, members, bed), flush=True)
+            codes = _run(
+                argv, members, bed, deadline, grace_seconds,
+                {**(env or {}), RESTART_VARIABLE: str(restart)}, echo,
+            )  # fmt: skip
+            if all(c == 0 for c in codes) or restart == max_restarts:
+                return codes
+            if deadline is not None and time.monotonic() >= deadline:
+                return codes
+            restart += 1
+
+
+def _members(
+    bed: _hosts.EmulatedHosts | None,
+    num_workers: int,
+    least: int,
+    rendezvous_seconds: float,
+) -> list[int]:
+    """The hosts a round runs its workers on, by index: those that answer,
+    once at least `least` do."""
+    if bed is None:
+        return list(range(num_workers))
+    give_up = time.monotonic() + rendezvous_seconds
+    while True:
+        answering = bed.answering()
+        if len(answering) >= least:
+            return answering
+        if time.monotonic() >= give_up:
+            raise RuntimeError(
+                f"min_workers: {least} hosts needed, {len(answering)} "
+                f"answered within {rendezvous_seconds:g} s (hosts "
+                f"{_names(answering) or 'none'} of 0-{num_workers - 1})"
+            )
+        time.sleep(1.0)
+
+
+def _restart_line(
+    restart: int, members: list[int], bed: _hosts.EmulatedHosts | None
+) -> str:
+    line = f"restart {restart}: {len(members)} workers"
+    if bed is None:
+        return line
+    line += f" on hosts {_names(members)}"
+    silent = [h.index for h in bed.hosts if h.index not in members]
+    if silent:
+        verb = "does" if len(silent) == 1 else "do"
+        line += f" ({_names(silent)} {verb} not answer)"
+    return line
+
+
+def _names(indices: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in indices)
 
 
 def _run(
     argv: list[str],
-    num_workers: int,
+    members: list[int],
     bed: _hosts.EmulatedHosts | None,
-    timeout_seconds: float | None,
+    deadline: float | None,
     grace_seconds: float,
-    env: Mapping[str, str] | None,
+    env: Mapping[str, str],
     echo: bool,
 ) -> list[int]:
+    """One round: a worker on each of `members` (hosts' indices; this
+    machine's loopback without `bed`); their statuses in task order."""
+    num_workers = len(members)
     if bed is None:
         configs = tf_config_envs(num_workers)
     else:
-        configs = tf_config_envs(num_workers, [h.address for h in bed.hosts])
-    start = time.monotonic()
+        addresses = [bed.hosts[i].address for i in members]
+        configs = tf_config_envs(num_workers, addresses)
     children = []
     try:
         for i, config in enumerate(configs):
-            command = argv if bed is None else bed.command(i, argv)
+            command = argv if bed is None else bed.command(members[i], argv)
             children.append(
                 _processes.Child(
-                    command, name=f"worker {i}", env={**(env or {}), **config}
+                    command, name=f"worker {i}", env={**env, **config}
                 )
             )
         ended: dict[int, int] = {}
         failed_at = None
         while len(ended) < num_workers:
             now = time.monotonic()
-            if timeout_seconds is not None and now - start > timeout_seconds:
+            if deadline is not None and now > deadline:
                 break
             if failed_at is not None and now - failed_at > grace_seconds:
                 break
@@ -192,8 +292,45 @@ def _run(
     ]
 
 
+def parse_num_workers(text: str) -> tuple[int, int]:
+    """The fewest and most workers of --num_workers: 'N' or 'MIN:MAX'.
+
+    >>> parse_num_workers("4"), parse_num_workers("2:4")
+    ((4, 4), (2, 4))
+
+    Raises:
+        ValueError: not that form, or not 1 <= MIN <= MAX; the message
+            names the flag.
+    """
+    parts = str(text).split(":")
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) == 1:
+        numbers *= 2
+    if len(numbers) != 2 or not 1 <= numbers[0] <= numbers[1]:
+        raise ValueError(
+            f"--num_workers: expected N or MIN:MAX with 1 <= MIN <= MAX, "
+            f"got {text!r}"
+        )
+    return numbers[0], numbers[1]
+
+
 def _define_flags() -> None:
-    flags.DEFINE_integer("num_workers", 2, "Worker processes.", lower_bound=1)
+    flags.DEFINE_string(
+        "num_workers",
+        "2",
+        "Worker processes: N, or MIN:MAX for a job whose restarts "
+        "(--max_restarts) run on as few as MIN hosts, those that answer.",
+    )
+    flags.DEFINE_integer(
+        "max_restarts",
+        0,
+        "Start every worker again after a worker fails, up to this many "
+        "times; the job resumes from its last checkpoint.",
+        lower_bound=0,
+    )
     flags.DEFINE_float(
         "timeout_seconds", None, "Stop every worker after this long."
     )
@@ -224,6 +361,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
         left = flags.FLAGS(argv[:split])[1:]
     except flags.Error as e:
         _flag_error(str(e))
+    try:
+        parse_num_workers(flags.FLAGS.num_workers)
+    except ValueError as e:
+        _flag_error(str(e))
     if left:
         own = argv[1 : split - len(left)]
         command = [*left, *argv[split + 1 :]]
@@ -251,12 +392,21 @@ def _main(argv: list[str]) -> int:
         )
     # Stopped from outside, still stop the workers and remove the hosts.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    codes = run_local_job(
-        command,
-        flags.FLAGS.num_workers,
-        timeout_seconds=flags.FLAGS.timeout_seconds,
-        link_rate=flags.FLAGS.link_rate if flags.FLAGS.emulate_hosts else None,
-    )
+    least, most = parse_num_workers(flags.FLAGS.num_workers)
+    try:
+        codes = run_local_job(
+            command,
+            most,
+            timeout_seconds=flags.FLAGS.timeout_seconds,
+            link_rate=(
+                flags.FLAGS.link_rate if flags.FLAGS.emulate_hosts else None
+            ),
+            min_workers=least,
+            max_restarts=flags.FLAGS.max_restarts,
+        )
+    except RuntimeError as e:  # Too few hosts answered.
+        print(f"launch: {e}", file=sys.stderr, flush=True)
+        return 1
     return next((c for c in codes if c != 0), 0)
 
 

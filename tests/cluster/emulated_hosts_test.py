@@ -286,6 +286,25 @@ def test_throttle_slows_a_link_both_ways_until_restored():
     assert hosts_lib.leftovers(os.getpid()) == []
 
 
+def test_answering_names_the_hosts_that_reach_the_launcher():
+    """A host cut at the bridge, or whose own end of its link is down (as
+    a process on it can do), does not answer until it is connected
+    again."""
+    with hosts_lib.EmulatedHosts(3, "1gbit") as bed:
+        assert bed.answering() == [0, 1, 2]
+        bed.cut(1)
+        assert bed.answering(timeout=1) == [0, 2]
+        bed.restore(1)
+        own_end = ["ip", "-n", bed.hosts[2].namespace, "link", "set", "eth0"]
+        _commands.run([*own_end, "down"])
+        assert bed.answering(timeout=1) == [0, 1]
+        _commands.run([*own_end, "up"])
+        assert bed.answering() == [0, 1, 2]
+        with pytest.raises(ValueError, match="timeout"):
+            bed.answering(timeout=0)
+    assert hosts_lib.leftovers(os.getpid()) == []
+
+
 def test_throttle_names_a_bad_rate_or_index():
     with hosts_lib.EmulatedHosts(2, "100mbit") as bed:
         with pytest.raises(ValueError, match=r"rate: expected .*'1gbit'"):
@@ -351,4 +370,105 @@ def test_launcher_runs_each_worker_on_its_own_host(capfd):
         )
         assert match, line
         assert match[1] != match[2] and match[2].startswith("198.18.")
+    assert hosts_lib.leftovers(os.getpid()) == []
+
+
+# A worker of an elastic job (the launcher's --max_restarts) on an emulated
+# host: prints its round, task, cluster size and network namespace. In
+# round 0 the worker on the third host takes its own end of its link down
+# (its host stops answering) and every worker fails; in round 1 they fail
+# again after 3 s; in round 2 they succeed.
+ELASTIC_WORKER = """
+import json, os, subprocess, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]["index"]
+size = len(config["cluster"]["worker"])
+round = int(os.environ["TF_CROSSDEVICE_RESTART"])
+namespace = subprocess.run(
+    ["ip", "netns", "identify"], capture_output=True, text=True
+).stdout.strip()
+print("round", round, "task", task, "of", size, "on", namespace, flush=True)
+if round == 0:
+    if task == 2:
+        subprocess.run(["ip", "link", "set", "eth0", "down"], check=True)
+    sys.exit(1)
+if round == 1:
+    time.sleep(3)
+    sys.exit(1)
+"""
+
+
+@pytest.mark.slow
+def test_restarts_leave_out_a_host_that_stops_answering_and_take_it_back():
+    """`launch --num_workers=2:3 --max_restarts=2`: round 0 loses host 2,
+    round 1 runs on hosts 0 and 1 (host 2 is connected again meanwhile),
+    round 2 runs on all three."""
+    job = processes.Child(
+        [
+            sys.executable,
+            "-m",
+            "tf_crossdevice.launch",
+            "--num_workers=2:3",
+            "--max_restarts=2",
+            "--emulate_hosts",
+            "--link_rate=100mbit",
+            "--",
+            sys.executable,
+            "-c",
+            ELASTIC_WORKER,
+        ],  # fmt: skip
+        name="launch",
+    )
+    lines: list[str] = []
+    lost = None
+    with job:
+        while True:
+            try:
+                line = job.read_line(TIMEOUT)
+            except processes.ChildError as e:
+                assert e.returncode == 0, (lines, job.stderr_text())
+                break
+            lines.append(line)
+            if found := re.fullmatch(r"\[worker 2\] round 0 .* on (\S+)", line):
+                lost = found[1]
+            if line.startswith("restart 1:"):
+                assert lost, lines
+                _commands.run(["ip", "-n", lost, "link", "set", "eth0", "up"])
+    restarts = [line for line in lines if line.startswith("restart")]
+    assert restarts == [
+        "restart 1: 2 workers on hosts 0, 1 (2 does not answer)",
+        "restart 2: 3 workers on hosts 0, 1, 2",
+    ], lines
+    sizes = {
+        found.groups()
+        for line in lines
+        if (
+            found := re.match(
+                r"\[worker \d\] round (\d) task (\d) of (\d)", line
+            )
+        )
+    }
+    assert sizes == {
+        ("0", "0", "3"), ("0", "1", "3"), ("0", "2", "3"),
+        ("1", "0", "2"), ("1", "1", "2"),
+        ("2", "0", "3"), ("2", "1", "3"), ("2", "2", "3"),
+    }  # fmt: skip
+    assert hosts_lib.leftovers(job.pid) == []
+
+
+@pytest.mark.slow
+def test_a_restart_without_enough_hosts_says_how_many_answered():
+    worker = ELASTIC_WORKER.replace("if task == 2:", "if task == 1:")
+    with pytest.raises(RuntimeError) as raised:
+        launch.run_local_job(
+            [sys.executable, "-c", worker],
+            2,
+            link_rate="100mbit",
+            max_restarts=1,
+            rendezvous_seconds=2,
+            echo=False,
+        )
+    assert str(raised.value) == (
+        "min_workers: 2 hosts needed, 1 answered within 2 s (hosts 0 of 0-1)"
+    )
     assert hosts_lib.leftovers(os.getpid()) == []

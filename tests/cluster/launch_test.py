@@ -82,6 +82,26 @@ def test_timeout_stops_every_worker():
             ValueError,
             "timeout_seconds",
         ),
+        (
+            {"argv": ["python"], "num_workers": 2, "min_workers": 3},
+            ValueError,
+            "min_workers: 3 is more than num_workers=2",
+        ),
+        (
+            {"argv": ["python"], "num_workers": 2, "min_workers": 0},
+            ValueError,
+            "min_workers",
+        ),
+        (
+            {"argv": ["python"], "num_workers": 2, "max_restarts": -1},
+            ValueError,
+            "max_restarts",
+        ),
+        (
+            {"argv": ["python"], "num_workers": 2, "rendezvous_seconds": 0},
+            ValueError,
+            "rendezvous_seconds",
+        ),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -127,3 +147,96 @@ def test_the_command_after_dashes_keeps_its_own_flags():
     assert sorted(result.stdout.splitlines()) == [
         f"[worker {i}] ['--num_workers=3']" for i in range(2)
     ]
+
+
+# Prints its round and task; in the rounds before argv[1], task 1 fails as
+# argv[2] says: "exit" (status 3) or "segv" (a segmentation fault).
+FAILING_CHILD = """
+import json, os, signal, sys
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]["index"]
+round = int(os.environ["TF_CROSSDEVICE_RESTART"])
+size = len(config["cluster"]["worker"])
+print("round", round, "task", task, "of", size, flush=True)
+if round < int(sys.argv[1]) and task == 1:
+    if sys.argv[2] == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "segv"])
+def test_a_failed_round_starts_every_worker_again(capsys, how):
+    codes = launch.run_local_job(
+        [sys.executable, "-c", FAILING_CHILD, "2", how],
+        2,
+        max_restarts=2,
+        grace_seconds=5,
+    )
+    assert codes == [0, 0]
+    out = capsys.readouterr().out.splitlines()
+    assert out.count("restart 1: 2 workers") == 1, out
+    assert out.count("restart 2: 2 workers") == 1, out
+    rounds = sorted(line for line in out if "round" in line)
+    assert rounds == sorted(
+        f"[worker {t}] round {r} task {t} of 2"
+        for r in range(3)
+        for t in range(2)
+    )
+    assert out.index("restart 1: 2 workers") > out.index(
+        "[worker 1] round 0 task 1 of 2"
+    )
+
+
+@pytest.mark.parametrize("how, status", [("exit", 3), ("segv", -11)])
+def test_restarts_end_with_the_last_failed_rounds_statuses(capsys, how, status):
+    codes = launch.run_local_job(
+        [sys.executable, "-c", FAILING_CHILD, "9", how],
+        2,
+        max_restarts=1,
+        grace_seconds=5,
+    )
+    assert codes == [0, status]
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("restart")] == [
+        "restart 1: 2 workers"
+    ]
+    assert sum("round" in line for line in out) == 4
+
+
+def test_without_restarts_a_failed_round_is_the_end(capsys):
+    codes = launch.run_local_job(
+        [sys.executable, "-c", FAILING_CHILD, "1", "exit"], 2, grace_seconds=5
+    )
+    assert codes == [0, 3]
+    out = capsys.readouterr().out
+    assert "restart" not in out
+    assert "round 1" not in out
+
+
+def test_the_command_line_restarts_a_failed_round():
+    result = launcher(
+        "--num_workers=2",
+        "--max_restarts=1",
+        "--",
+        sys.executable,
+        "-c",
+        FAILING_CHILD,
+        "1",
+        "exit",
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "restart 1: 2 workers" in lines
+    assert "[worker 1] round 1 task 1 of 2" in lines
+
+
+@pytest.mark.parametrize("value", ["0", "3:2", "two", "1:2:3", "0:2", ":"])
+def test_a_bad_worker_count_names_the_flag_and_the_forms(value):
+    result = launcher(f"--num_workers={value}", "--", "true")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert (
+        "FATAL Flags parsing error: --num_workers: expected N or MIN:MAX with "
+        f"1 <= MIN <= MAX, got {value!r}"
+    ) in result.stderr, result.stderr

@@ -366,6 +366,7 @@ def launch_collective(v: Any) -> int:
         "--job_name=worker",
         f"--model_dir={v.model_dir}",
         "--link_rate=",  # The workers run on the hosts; they make none.
+        "--max_restarts=0",  # This launcher restarts them.
     ]
     start = time.perf_counter()
     where = f"emulated hosts at {v.link_rate}" if v.link_rate else "127.0.0.1"
@@ -378,6 +379,7 @@ def launch_collective(v: Any) -> int:
         v.num_workers,
         env={"PYTHONUNBUFFERED": "1"},
         link_rate=v.link_rate or None,
+        max_restarts=v.max_restarts,
     )
     failed = next((c for c in codes if c != 0), 0)
     print(

@@ -166,6 +166,17 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         lower_bound=1,
         flag_values=fv,
     )
+    d.DEFINE_integer(
+        "max_restarts",
+        0,
+        "Start every local worker again after one fails (a crash, a lost "
+        "peer), up to this many times; they resume from the last "
+        "checkpoint. For the workers the job starts itself: --mode="
+        "collective without --job_name (python -m tf_crossdevice.launch "
+        "--max_restarts does the same for any job).",
+        lower_bound=0,
+        flag_values=fv,
+    )
     d.DEFINE_string(
         "link_rate",
         None,
@@ -683,6 +694,12 @@ def check_flags(v: dict[str, Any]) -> None:
             hosts.parse_rate(v["link_rate"])
         except ValueError as e:
             raise flags.ValidationError(f"--{e}") from None
+    if v["max_restarts"] and (mode != "collective" or job is not None):
+        raise flags.ValidationError(
+            "--max_restarts: restarts the workers the job starts itself: "
+            "--mode=collective without --job_name (for a worker you start, "
+            "python -m tf_crossdevice.launch --max_restarts=K -- ...)"
+        )
     if job == "controller" and cluster is None:
         raise flags.ValidationError(
             "--job_name: the controller needs the workers: --worker_hosts "

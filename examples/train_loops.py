@@ -42,6 +42,7 @@ import train_report
 import train_timing
 
 import tf_crossdevice
+from tf_crossdevice import launch
 
 MOMENTUM = 0.9
 _EVAL_BATCH = 256
@@ -175,6 +176,15 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     if is_chief:
         if latest:
             print(f"resumed from step {start} ({latest})", flush=True)
+        restart = int(os.environ.get(launch.RESTART_VARIABLE, "0"))
+        if restart:
+            workers = strategy.num_replicas_in_sync // len(
+                strategy.extended.worker_devices
+            )
+            print(
+                f"restart {restart}: {workers} workers, from step {start}",
+                flush=True,
+            )
         params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
         print(
             f"model {model.name}: {params} parameters; "

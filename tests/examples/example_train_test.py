@@ -296,6 +296,21 @@ def test_the_defaults_are_the_main_job():
             },
             r"--link_rate: emulated hosts are for the workers the job starts",
         ),
+        (
+            {"max_restarts": 1, "mode": "in_graph"},
+            r"--max_restarts: restarts the workers the job starts itself: "
+            r"--mode=collective without --job_name",
+        ),
+        (
+            {
+                "max_restarts": 2,
+                "job_name": "worker",
+                "worker_hosts": "a:1,b:1",
+                "task_index": 0,
+            },
+            r"--max_restarts: .* python -m tf_crossdevice\.launch "
+            r"--max_restarts=K",
+        ),
     ],
     ids=lambda x: (
         "-".join(f"{k}={v}" for k, v in x.items())[:60]

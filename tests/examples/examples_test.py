@@ -11,6 +11,7 @@ stopped when its test ends.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import signal
@@ -406,3 +407,55 @@ def test_the_main_job_trains_steps_not_a_multiple_of_log_every(tmp_path):
     assert "trained 5 steps in this run, from step 0" in out
     assert "workers stopped (exit statuses [0, 0])" in out
     check_model_dir(str(tmp_path), 5)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
+    tmp_path,
+):
+    """--max_restarts=1: worker 1 is killed (SIGKILL) after the first
+    checkpoint; the launcher starts both workers again, they resume from
+    the last checkpoint and end with an uninterrupted run's weights."""
+    args = [
+        "--model=dense",
+        "--depth=1",
+        "--width=32",
+        "--image_size=8",
+        "--num_examples=256",
+        "--batch_size=8",
+        f"--steps={STEPS}",
+        "--log_every=5",
+        "--timeout_seconds=20",
+    ]
+    with (
+        start(*args, f"--model_dir={tmp_path / 'whole'}") as uninterrupted,
+        start(
+            *args, "--max_restarts=1", f"--model_dir={tmp_path / 'killed'}"
+        ) as job,
+    ):
+        lines = []
+        while not lines or "checkpoint saved at step 5" not in lines[-1]:
+            lines.append(job.read_line(TIMEOUT))
+        workers = psutil.Process(job.pid).children()
+        assert len(workers) == 2, workers
+        (killed,) = [
+            w
+            for w in workers
+            if json.loads(w.environ()["TF_CONFIG"])["task"]["index"] == 1
+        ]
+        killed.kill()
+        lines += job.read_all(TIMEOUT)
+        assert "[worker 1] exited with -9" in job.stderr_text()
+        whole = "\n".join(uninterrupted.read_all(TIMEOUT))
+        assert_no_error_lines(uninterrupted.stderr_text())
+    out = "\n".join(lines)
+    resumed = re.search(
+        r"\[worker 0\] restart 1: 2 workers, from step (\d+)", out
+    )
+    assert resumed, out
+    step = int(resumed[1])
+    assert 5 <= step < STEPS
+    assert f"trained {STEPS - step} steps in this run, from step {step}" in out
+    assert "restart 1: 2 workers\n" in out + "\n"
+    assert "workers stopped (exit statuses [0, 0])" in out
+    assert digest(out) == digest(whole)

@@ -14,6 +14,11 @@ host (`tf_crossdevice.cluster.hosts`): its own network namespace and
 address, a link shaped to that rate, an equal share of the cores; the
 hosts are removed when the job ends, also when it fails or is stopped.
 
+With `max_restarts` (`--max_restarts`), a job whose worker fails is run
+again, every worker started anew, and resumes from its last checkpoint;
+with `min_workers` (`--num_workers=MIN:MAX`), each restart runs on the
+emulated hosts that answer then, at least MIN of them (`run_local_job`).
+
 On several machines, give each worker the same cluster in `TF_CONFIG` with
 its own task index instead; nothing else changes.
 
@@ -24,6 +29,8 @@ workers' command goes after --):
         python examples/train.py --job_name=worker --epochs=2
     python -m tf_crossdevice.launch --num_workers=4 --emulate_hosts \\
         --link_rate=1gbit -- python examples/train.py --job_name=worker
+    python -m tf_crossdevice.launch --num_workers=2:3 --max_restarts=2 \\
+        --emulate_hosts -- python train.py --model_dir=/tmp/job
 """
 
 from __future__ import annotations

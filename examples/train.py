@@ -379,6 +379,7 @@ def launch_collective(v: Any) -> int:
         v.num_workers,
         env={"PYTHONUNBUFFERED": "1"},
         link_rate=v.link_rate or None,
+        min_workers=v.min_workers,
         max_restarts=v.max_restarts,
     )
     failed = next((c for c in codes if c != 0), 0)

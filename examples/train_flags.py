@@ -177,6 +177,17 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         lower_bound=0,
         flag_values=fv,
     )
+    d.DEFINE_integer(
+        "min_workers",
+        None,
+        "With --link_rate and --max_restarts: the fewest workers a restart "
+        "may run on, the emulated hosts that answer then (default: "
+        "--num_workers). --batch_size stays the global batch: it must split "
+        "over the replicas of every worker count from here to "
+        "--num_workers.",
+        lower_bound=1,
+        flag_values=fv,
+    )
     d.DEFINE_string(
         "link_rate",
         None,
@@ -700,6 +711,28 @@ def check_flags(v: dict[str, Any]) -> None:
             "--mode=collective without --job_name (for a worker you start, "
             "python -m tf_crossdevice.launch --max_restarts=K -- ...)"
         )
+    if v["min_workers"] is not None and job is None:
+        least = v["min_workers"]
+        if not (v["link_rate"] and v["max_restarts"]):
+            raise flags.ValidationError(
+                "--min_workers: only an emulated host can drop out and a "
+                "restart run without it: with --link_rate and --max_restarts"
+            )
+        if least > v["num_workers"]:
+            raise flags.ValidationError(
+                f"--min_workers: {least} is more than --num_workers="
+                f"{v['num_workers']}"
+            )
+        per = local_devices_of(v).count
+        for workers in range(least, v["num_workers"]):
+            if v["batch_size"] % (workers * per):
+                raise flags.ValidationError(
+                    f"--batch_size: {v['batch_size']} does not split over "
+                    f"the {workers * per} replicas of {workers} workers "
+                    f"(--min_workers={least}); use a multiple of every "
+                    f"replica count from {least * per} to "
+                    f"{v['num_workers'] * per}"
+                )
     if job == "controller" and cluster is None:
         raise flags.ValidationError(
             "--job_name: the controller needs the workers: --worker_hosts "

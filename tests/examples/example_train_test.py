@@ -311,6 +311,27 @@ def test_the_defaults_are_the_main_job():
             r"--max_restarts: .* python -m tf_crossdevice\.launch "
             r"--max_restarts=K",
         ),
+        (
+            {"min_workers": 1, "max_restarts": 1},
+            r"--min_workers: only an emulated host can drop out and a "
+            r"restart run without it: with --link_rate and --max_restarts",
+        ),
+        (
+            {"min_workers": 3, "max_restarts": 1, "link_rate": "1gbit"},
+            r"--min_workers: 3 is more than --num_workers=2",
+        ),
+        (
+            {
+                "min_workers": 2,
+                "num_workers": 3,
+                "max_restarts": 1,
+                "link_rate": "1gbit",
+                "batch_size": 6,
+            },
+            r"--batch_size: 6 does not split over the 4 replicas of 2 "
+            r"workers \(--min_workers=2\); use a multiple of every replica "
+            r"count from 4 to 6",
+        ),
     ],
     ids=lambda x: (
         "-".join(f"{k}={v}" for k, v in x.items())[:60]

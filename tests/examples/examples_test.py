@@ -10,6 +10,7 @@ stopped when its test ends.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -23,6 +24,7 @@ import psutil
 import pytest
 import tensorflow as tf
 
+from tf_crossdevice.cluster import hosts as hosts_lib
 from tf_crossdevice.cluster import processes
 
 pytestmark = pytest.mark.slow
@@ -438,11 +440,7 @@ def test_a_killed_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
             lines.append(job.read_line(TIMEOUT))
         workers = psutil.Process(job.pid).children()
         assert len(workers) == 2, workers
-        (killed,) = [
-            w
-            for w in workers
-            if json.loads(w.environ()["TF_CONFIG"])["task"]["index"] == 1
-        ]
+        (killed,) = [w for w in workers if _task_of(w) == 1]
         killed.kill()
         lines += job.read_all(TIMEOUT)
         assert "[worker 1] exited with -9" in job.stderr_text()
@@ -459,3 +457,62 @@ def test_a_killed_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
     assert "restart 1: 2 workers\n" in out + "\n"
     assert "workers stopped (exit statuses [0, 0])" in out
     assert digest(out) == digest(whole)
+
+
+def _task_of(process: psutil.Process) -> int | None:
+    """A worker's task index, from its TF_CONFIG (None: not a worker)."""
+    with contextlib.suppress(psutil.Error, KeyError):
+        return json.loads(process.environ()["TF_CONFIG"])["task"]["index"]
+    return None
+
+
+@pytest.mark.slow
+def test_a_restart_runs_on_the_hosts_still_answering(tmp_path):
+    """3 emulated hosts, --min_workers=2: host 2 goes off the network after
+    the first checkpoint; the workers' collectives time out, and the
+    restart trains the rest on hosts 0 and 1, the global batch split over
+    their 4 replicas."""
+    with start(
+        "--model=dense",
+        "--depth=1",
+        "--width=32",
+        "--image_size=8",
+        "--num_examples=256",
+        "--batch_size=12",
+        f"--steps={STEPS}",
+        "--log_every=5",
+        "--timeout_seconds=10",
+        "--num_workers=3",
+        "--min_workers=2",
+        "--max_restarts=1",
+        "--link_rate=1gbit",
+        f"--model_dir={tmp_path}",
+    ) as job:
+        lines = []
+        while not lines or "checkpoint saved at step 5" not in lines[-1]:
+            lines.append(job.read_line(TIMEOUT))
+        tree = psutil.Process(job.pid).children(recursive=True)
+        (lost,) = [p for p in tree if _task_of(p) == 2 and p.name() != "sh"]
+        namespace = subprocess.run(
+            ["ip", "netns", "identify", str(lost.pid)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        subprocess.run(
+            ["ip", "-n", namespace, "link", "set", "eth0", "down"], check=True
+        )
+        lines += job.read_all(TIMEOUT)
+    out = "\n".join(lines)
+    assert "restart 1: 2 workers on hosts 0, 1 (2 does not answer)" in out
+    resumed = re.search(
+        r"\[worker 0\] restart 1: 2 workers, from step (\d+)", out
+    )
+    assert resumed, out
+    step = int(resumed[1])
+    assert 5 <= step < STEPS
+    assert f"trained {STEPS - step} steps in this run, from step {step}" in out
+    assert "replica weights equal: yes (4 replicas)" in out
+    assert "workers stopped (exit statuses [0, 0])" in out
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith(f"ckpt-{STEPS}")
+    assert hosts_lib.leftovers(job.pid) == []

@@ -64,6 +64,7 @@ PUBLIC_API = {
         "EmulatedHosts",
         "Host",
         "LinkBytes",
+        "answering",
         "check_supported",
         "leftovers",
         "parse_rate",
@@ -139,7 +140,12 @@ PUBLIC_API = {
         "gather_compression_pays",
         "sum_tolerance",
     ],
-    "tf_crossdevice.launch": ["run_local_job", "tf_config_envs"],
+    "tf_crossdevice.launch": [
+        "RESTART_VARIABLE",
+        "parse_num_workers",
+        "run_local_job",
+        "tf_config_envs",
+    ],
     "tf_crossdevice.ops": [
         "AllReduceCrossDeviceOps",
         "CrossDeviceOpsAdapter",

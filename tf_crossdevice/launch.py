@@ -123,7 +123,7 @@ def run_local_job(
     is followed by another, up to `max_restarts` times: every worker is
     started again, and a job that saves checkpoints resumes from its last
     one. Each round takes the hosts that answer when it starts
-    (`EmulatedHosts.answering`; without emulated hosts, this machine, which
+    (`hosts.answering`; without emulated hosts, this machine, which
     always does), at least `min_workers` of them and at most `num_workers`:
     a host cut off is left out and one that answers again is taken back.
     Every worker's environment holds RESTART_VARIABLE, the round's number
@@ -206,14 +206,14 @@ def _members(
         return list(range(num_workers))
     give_up = time.monotonic() + rendezvous_seconds
     while True:
-        answering = bed.answering()
-        if len(answering) >= least:
-            return answering
+        there = _hosts.answering(bed)
+        if len(there) >= least:
+            return there
         if time.monotonic() >= give_up:
             raise RuntimeError(
-                f"min_workers: {least} hosts needed, {len(answering)} "
+                f"min_workers: {least} hosts needed, {len(there)} "
                 f"answered within {rendezvous_seconds:g} s (hosts "
-                f"{_names(answering) or 'none'} of 0-{num_workers - 1})"
+                f"{_names(there) or 'none'} of 0-{num_workers - 1})"
             )
         time.sleep(1.0)
 

@@ -291,17 +291,17 @@ def test_answering_names_the_hosts_that_reach_the_launcher():
     a process on it can do), does not answer until it is connected
     again."""
     with hosts_lib.EmulatedHosts(3, "1gbit") as bed:
-        assert bed.answering() == [0, 1, 2]
+        assert hosts_lib.answering(bed) == [0, 1, 2]
         bed.cut(1)
-        assert bed.answering(timeout=1) == [0, 2]
+        assert hosts_lib.answering(bed, timeout=1) == [0, 2]
         bed.restore(1)
         own_end = ["ip", "-n", bed.hosts[2].namespace, "link", "set", "eth0"]
         _commands.run([*own_end, "down"])
-        assert bed.answering(timeout=1) == [0, 1]
+        assert hosts_lib.answering(bed, timeout=1) == [0, 1]
         _commands.run([*own_end, "up"])
-        assert bed.answering() == [0, 1, 2]
+        assert hosts_lib.answering(bed) == [0, 1, 2]
         with pytest.raises(ValueError, match="timeout"):
-            bed.answering(timeout=0)
+            hosts_lib.answering(bed, timeout=0)
     assert hosts_lib.leftovers(os.getpid()) == []
 
 

@@ -38,6 +38,7 @@ hosts. Needs root on Linux, with `ip` and `tc`.
         hosts.restore(1)  # ...and back.
         hosts.throttle(1, "100kbit")  # Its link crawls...
         hosts.restore(1)  # ...and is back at link_rate.
+        answering(hosts)  # The hosts that reach this namespace: [0, 1].
 
 On the command line, the launcher runs a job's workers one per emulated
 host and removes the hosts after:
@@ -56,7 +57,6 @@ import pathlib
 import re
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -68,9 +68,11 @@ import psutil
 from tf_crossdevice._core import checks
 from tf_crossdevice.cluster import _commands
 from tf_crossdevice.cluster import processes as _processes
+from tf_crossdevice.cluster._answering import answering
 
 __all__ = [
     "EmulatedHosts",
+    "answering",
     "Host",
     "LinkBytes",
     "check_supported",
@@ -86,14 +88,6 @@ _USAGE = "cpuacct.usage"  # Nanoseconds of CPU, every task of the cgroup.
 _PERIOD_US = 100_000
 _RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)", re.IGNORECASE)
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
-
-# Run on a host by `answering`: connects to argv[1]:argv[2] within argv[3]
-# seconds, else exits non-zero.
-_PROBE = (
-    "import socket, sys; "
-    "socket.create_connection((sys.argv[1], int(sys.argv[2])), "
-    "timeout=float(sys.argv[3])).close()"
-)
 
 
 def parse_rate(rate: str, argument: str = "link_rate") -> float:
@@ -343,48 +337,6 @@ class EmulatedHosts:
             RuntimeError: `ip` failed (the message names the command).
         """
         _commands.ip("link", "set", self._host(index).link, "down")
-
-    def answering(self, timeout: float = 3.0) -> list[int]:
-        """The hosts that reach this (the root) namespace now, by index.
-
-        Each host opens a TCP connection to a port this process listens on
-        at `client_address`, from a process run on that host: what a
-        launcher learns of a machine when the machine's own agent checks
-        in. A cut host, or one whose own end of its link is down, does not
-        answer within `timeout` seconds.
-
-        Raises:
-            ValueError: `timeout` is not a positive number.
-        """
-        checks.positive_number(timeout, "timeout")
-        with socket.create_server((self.client_address, 0)) as server:
-            port = str(server.getsockname()[1])
-            probes = [
-                _processes.Child(
-                    self.command(
-                        host.index,
-                        [
-                            sys.executable,
-                            "-c",
-                            _PROBE,
-                            self.client_address,
-                            port,
-                            str(timeout),
-                        ],
-                    ),
-                    name=f"host {host.index}'s probe",
-                )
-                for host in self.hosts
-            ]
-            answered = []
-            try:
-                for host, probe in zip(self.hosts, probes, strict=True):
-                    with contextlib.suppress(_processes.ChildError):
-                        if probe.wait(timeout + 10) == 0:
-                            answered.append(host.index)
-            finally:
-                _processes.stop_all(probes)
-            return answered
 
     def throttle(self, index: int, rate: str) -> None:
         """Shapes host `index`'s link to `rate`, both ways, until

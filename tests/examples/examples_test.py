@@ -263,8 +263,11 @@ MODE_FLAGS = {
 }
 
 
-def check_uninterrupted(mode: str, whole: str, model_dir) -> None:
-    """What each mode's uninterrupted job prints and writes."""
+def check_uninterrupted(
+    mode: str, whole: str, model_dir, default: bool = True
+) -> None:
+    """What each mode's uninterrupted job prints and writes (`default`:
+    with the mode's own class and loop)."""
     replicas = 2 if mode == "mirrored" else 4
     assert "3 classes" in whole
     assert f"replica weights equal: yes ({replicas} replicas)" in whole
@@ -272,8 +275,9 @@ def check_uninterrupted(mode: str, whole: str, model_dir) -> None:
     if mode == "collective":
         assert "starting 2 local workers on emulated hosts at 10gbit" in whole
         assert "[worker 0] mode=collective: 2 workers x 2 devices, " in whole
-        assert "HierarchicalCollectiveAllReduce" in whole
-        assert "loop=fit" in whole
+        if default:
+            assert "HierarchicalCollectiveAllReduce" in whole
+            assert "loop=fit" in whole
         assert re.search(rf"\[worker 0\] step +{STEPS}/{STEPS} .* ETA", whole)
         assert "[worker 1]" not in whole  # Only the chief reports.
         assert "workers stopped (exit statuses [0, 0])" in whole
@@ -290,22 +294,33 @@ def check_uninterrupted(mode: str, whole: str, model_dir) -> None:
     check_model_dir(str(model_dir), STEPS)
 
 
+# The flat collective under the custom loop (the rest of the collective
+# mode's flags, PowerSGD included, as above).
+FLAT_CUSTOM = ["--loop=custom", "--cross_device_ops=CollectiveAllReduce"]
+
+
 @pytest.mark.parametrize(
-    ("mode", "loop"),
+    ("mode", "loop", "extra", "controller"),
     [
-        pytest.param("mirrored", "custom", id="mirrored-custom"),
+        pytest.param("mirrored", "custom", [], False, id="mirrored-custom"),
         # Only worker 1 is signalled: the workers must agree on a step.
-        pytest.param("collective", "fit", id="collective-fit"),
-        pytest.param("in_graph", "custom", id="in_graph-custom"),
+        pytest.param("collective", "fit", [], False, id="collective-fit"),
+        pytest.param(
+            "collective", "custom", FLAT_CUSTOM, False, id="collective-flat"
+        ),
+        pytest.param("in_graph", "custom", [], False, id="in_graph-custom"),
+        # The notice goes to the controller, not to a worker's server.
+        pytest.param("in_graph", "custom", [], True, id="in_graph-controller"),
     ],
 )
 def test_preempted_job_resumes_to_the_weights_of_an_uninterrupted_one(
-    tmp_path, mode, loop
+    tmp_path, mode, loop, extra, controller
 ):
     # The uninterrupted job also shows that each mode trains and reports.
     data_dir = write_image_folder(tmp_path / "images")
     args = [
         *MODE_FLAGS[mode],
+        *extra,
         f"--data_dir={data_dir}",
         "--image_size=8",
         "--batch_size=8",
@@ -335,7 +350,12 @@ def test_preempted_job_resumes_to_the_weights_of_an_uninterrupted_one(
         while not lines or f"loop={loop}" not in lines[-1]:
             lines.append(job.read_line(TIMEOUT))
         tree = psutil.Process(job.pid).children(recursive=True)
-        preemption_target(job, mode).send_signal(signal.SIGTERM)
+        target = (
+            psutil.Process(job.pid)
+            if controller
+            else preemption_target(job, mode)
+        )
+        target.send_signal(signal.SIGTERM)
         lines += job.read_all(TIMEOUT)
         assert job.wait(TIMEOUT) == 0
         assert_no_error_lines(job.stderr_text())
@@ -360,7 +380,9 @@ def test_preempted_job_resumes_to_the_weights_of_an_uninterrupted_one(
     assert tf.train.latest_checkpoint(str(tmp_path / "preempted")).endswith(
         f"ckpt-{step}"
     )
-    check_uninterrupted(mode, whole, tmp_path / "whole")
+    check_uninterrupted(mode, whole, tmp_path / "whole", default=not extra)
+    if extra:
+        assert "2 workers x 2 devices, CollectiveAllReduce\n" in whole + "\n"
 
     resumed = run(*args, model_dir)
     assert f"resumed from step {step} " in resumed

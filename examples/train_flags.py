@@ -188,6 +188,17 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         lower_bound=1,
         flag_values=fv,
     )
+    d.DEFINE_enum(
+        "rescale",
+        "global_batch",
+        ["global_batch", "per_replica"],
+        "When a restart runs on fewer workers than --num_workers "
+        "(--min_workers): keep --batch_size as the global batch (each "
+        "replica's share grows), or keep each replica's share of it (the "
+        "global batch and the learning rate shrink with the worker count; "
+        "--num_workers is then the full cluster's).",
+        flag_values=fv,
+    )
     d.DEFINE_string(
         "link_rate",
         None,
@@ -591,6 +602,26 @@ def local_devices_of(v: dict[str, Any]) -> LocalDevices:
     )
 
 
+def _per_replica(v: dict[str, Any]) -> bool:
+    return v["rescale"] == "per_replica" and v["mode"] == "collective"
+
+
+def global_batch_of(v: dict[str, Any]) -> int:
+    """This run's global batch: --batch_size, or with --rescale=per_replica
+    each worker's share of it (--batch_size / --num_workers) times the
+    workers this run has."""
+    if not _per_replica(v):
+        return v["batch_size"]
+    return v["batch_size"] // v["num_workers"] * num_workers_of(v)
+
+
+def learning_rate_of(v: dict[str, Any]) -> float:
+    """--learning_rate, scaled as the global batch is (global_batch_of)."""
+    if not _per_replica(v):
+        return v["learning_rate"]
+    return v["learning_rate"] * num_workers_of(v) / v["num_workers"]
+
+
 def num_replicas(v: dict[str, Any]) -> tuple[int, str]:
     """How many replicas share a global batch, and how that was counted."""
     per = local_devices_of(v).count
@@ -711,6 +742,18 @@ def check_flags(v: dict[str, Any]) -> None:
             "--mode=collective without --job_name (for a worker you start, "
             "python -m tf_crossdevice.launch --max_restarts=K -- ...)"
         )
+    if v["rescale"] == "per_replica":
+        if mode != "collective":
+            raise flags.ValidationError(
+                "--rescale: a restart on fewer workers is for --mode="
+                f"collective; got --mode={mode}"
+            )
+        if job is not None and num_workers_of(v) > v["num_workers"]:
+            raise flags.ValidationError(
+                f"--num_workers: with --rescale=per_replica, the full "
+                f"cluster's worker count; this cluster has "
+                f"{num_workers_of(v)}, more than {v['num_workers']}"
+            )
     if v["min_workers"] is not None and job is None:
         least = v["min_workers"]
         if not (v["link_rate"] and v["max_restarts"]):
@@ -724,7 +767,8 @@ def check_flags(v: dict[str, Any]) -> None:
                 f"{v['num_workers']}"
             )
         per = local_devices_of(v).count
-        for workers in range(least, v["num_workers"]):
+        rescaled = range(least, v["num_workers"])
+        for workers in [] if _per_replica(v) else rescaled:
             if v["batch_size"] % (workers * per):
                 raise flags.ValidationError(
                     f"--batch_size: {v['batch_size']} does not split over "
@@ -791,9 +835,10 @@ def check_flags(v: dict[str, Any]) -> None:
             f"the classes that do: {', '.join(TAKES_COMPRESSION)}"
         )
     replicas, how = num_replicas(v)
-    if v["batch_size"] % replicas:
+    batch = global_batch_of(v)
+    if batch % replicas:
         raise flags.ValidationError(
-            f"--batch_size: {v['batch_size']} does not split over {replicas} "
+            f"--batch_size: {batch} does not split over {replicas} "
             f"replicas ({how}); use a multiple of {replicas}"
         )
     loop = loop_of(v)
@@ -824,9 +869,9 @@ def check_flags(v: dict[str, Any]) -> None:
             f"--accumulation_steps={k} a step all-reduces once per {k} "
             "micro-batches (leave one of the two at its default)"
         )
-    if v["batch_size"] % (replicas * k):
+    if batch % (replicas * k):
         raise flags.ValidationError(
-            f"--batch_size: {v['batch_size']} does not split into "
+            f"--batch_size: {batch} does not split into "
             f"--accumulation_steps={k} micro-batches over {replicas} "
             f"replicas ({how}); use a multiple of {replicas * k}"
         )

@@ -182,7 +182,9 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
                 strategy.extended.worker_devices
             )
             print(
-                f"restart {restart}: {workers} workers, from step {start}",
+                f"restart {restart}: {workers} workers, from step {start}; "
+                f"global batch {config.batch_size}, learning rate "
+                f"{config.learning_rate:g}",
                 flush=True,
             )
         params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)

@@ -332,6 +332,22 @@ def test_the_defaults_are_the_main_job():
             r"workers \(--min_workers=2\); use a multiple of every replica "
             r"count from 4 to 6",
         ),
+        (
+            {"rescale": "per_replica", "mode": "mirrored", "loop": "custom"},
+            r"--rescale: a restart on fewer workers is for "
+            r"--mode=collective; got --mode=mirrored",
+        ),
+        (
+            {
+                "rescale": "per_replica",
+                "job_name": "worker",
+                "worker_hosts": ["a:1", "b:1", "c:1"],
+                "task_index": 0,
+                "batch_size": 12,
+            },
+            r"--num_workers: with --rescale=per_replica, the full cluster's "
+            r"worker count; this cluster has 3, more than 2",
+        ),
     ],
     ids=lambda x: (
         "-".join(f"{k}={v}" for k, v in x.items())[:60]

@@ -470,7 +470,9 @@ def test_a_killed_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
         assert_no_error_lines(uninterrupted.stderr_text())
     out = "\n".join(lines)
     resumed = re.search(
-        r"\[worker 0\] restart 1: 2 workers, from step (\d+)", out
+        r"\[worker 0\] restart 1: 2 workers, from step (\d+); "
+        r"global batch 8, learning rate 0\.1\n",
+        out + "\n",
     )
     assert resumed, out
     step = int(resumed[1])
@@ -492,8 +494,9 @@ def _task_of(process: psutil.Process) -> int | None:
 def test_a_restart_runs_on_the_hosts_still_answering(tmp_path):
     """3 emulated hosts, --min_workers=2: host 2 goes off the network after
     the first checkpoint; the workers' collectives time out, and the
-    restart trains the rest on hosts 0 and 1, the global batch split over
-    their 4 replicas."""
+    restart trains the rest on hosts 0 and 1. --rescale=per_replica keeps
+    each replica's 2 examples: the global batch goes from 12 to 8 and the
+    learning rate from 0.3 to 0.2."""
     with start(
         "--model=dense",
         "--depth=1",
@@ -507,6 +510,8 @@ def test_a_restart_runs_on_the_hosts_still_answering(tmp_path):
         "--num_workers=3",
         "--min_workers=2",
         "--max_restarts=1",
+        "--rescale=per_replica",
+        "--learning_rate=0.3",
         "--link_rate=1gbit",
         f"--model_dir={tmp_path}",
     ) as job:
@@ -527,8 +532,11 @@ def test_a_restart_runs_on_the_hosts_still_answering(tmp_path):
         lines += job.read_all(TIMEOUT)
     out = "\n".join(lines)
     assert "restart 1: 2 workers on hosts 0, 1 (2 does not answer)" in out
+    assert "6 replicas; global batch 12; loop=fit" in out
     resumed = re.search(
-        r"\[worker 0\] restart 1: 2 workers, from step (\d+)", out
+        r"\[worker 0\] restart 1: 2 workers, from step (\d+); "
+        r"global batch 8, learning rate 0\.2\n",
+        out + "\n",
     )
     assert resumed, out
     step = int(resumed[1])

@@ -366,7 +366,8 @@ def launch_collective(v: Any) -> int:
         "--job_name=worker",
         f"--model_dir={v.model_dir}",
         "--link_rate=",  # The workers run on the hosts; they make none.
-        "--max_restarts=0",  # This launcher restarts them.
+        "--max_restarts=0",  # This launcher restarts them...
+        "--stall_seconds=0",  # ...and watches them.
     ]
     start = time.perf_counter()
     where = f"emulated hosts at {v.link_rate}" if v.link_rate else "127.0.0.1"
@@ -381,6 +382,7 @@ def launch_collective(v: Any) -> int:
         link_rate=v.link_rate or None,
         min_workers=v.min_workers,
         max_restarts=v.max_restarts,
+        stall_seconds=v.stall_seconds or None,
     )
     failed = next((c for c in codes if c != 0), 0)
     print(

@@ -177,6 +177,15 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         lower_bound=0,
         flag_values=fv,
     )
+    d.DEFINE_float(
+        "stall_seconds",
+        0.0,
+        "With --max_restarts: also restart when a worker has finished no "
+        "step for this long (a worker hung in TensorFlow's abort path "
+        "neither exits nor fails), counted from its first step; 0: never.",
+        lower_bound=0.0,
+        flag_values=fv,
+    )
     d.DEFINE_integer(
         "min_workers",
         None,
@@ -754,6 +763,12 @@ def check_flags(v: dict[str, Any]) -> None:
                 f"cluster's worker count; this cluster has "
                 f"{num_workers_of(v)}, more than {v['num_workers']}"
             )
+    if v["stall_seconds"] and (mode != "collective" or job is not None):
+        raise flags.ValidationError(
+            "--stall_seconds: watches the workers the job starts itself: "
+            "--mode=collective without --job_name (for a worker you start, "
+            "python -m tf_crossdevice.launch --stall_seconds=S -- ...)"
+        )
     if v["min_workers"] is not None and job is None:
         least = v["min_workers"]
         if not (v["link_rate"] and v["max_restarts"]):

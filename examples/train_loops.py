@@ -248,6 +248,8 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
                 timeline.trace(steps, start),
                 start, config, global_batch, reporter, save, watcher,
             )  # fmt: skip
+    # The evaluation and the summary below take no steps.
+    tf_crossdevice.cluster.end_heartbeats()
     if stopped is not None:
         # Every worker says where it saved; the job's launcher prefixes it.
         print(_preempted(stopped, config.steps), flush=True)
@@ -437,6 +439,7 @@ def _fit(
                 self.tracing.close()
             self.step += 1
             reporter.step_done()
+            tf_crossdevice.cluster.heartbeat()  # --stall_seconds
             if self.step < config.steps and watcher.should_stop():
                 self.stopped = self.step
                 self.model.stop_training = True
@@ -664,6 +667,7 @@ def _log_and_save(
         correct += float(right)
         step_number += 1
         reporter.step_done()
+        tf_crossdevice.cluster.heartbeat()  # --stall_seconds
         saved = False
         if step_number % config.log_every == 0 or step_number == config.steps:
             reporter.record(

@@ -52,9 +52,12 @@ PUBLIC_API = {
         "sum_on_device",
     ],
     "tf_crossdevice.cluster": [
+        "HEARTBEAT_VARIABLE",
         "LocalCluster",
         "WorkerReplicas",
         "WorkerUnreachableError",
+        "end_heartbeats",
+        "heartbeat",
         "hosts",
         "processes",
         "serve",

@@ -36,10 +36,14 @@ workers' command goes after --):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import os
 import shlex
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
@@ -47,6 +51,7 @@ from typing import NoReturn
 from absl import app, flags
 
 from tf_crossdevice._core import checks
+from tf_crossdevice.cluster import HEARTBEAT_VARIABLE
 from tf_crossdevice.cluster import hosts as _hosts
 from tf_crossdevice.cluster import processes as _processes
 
@@ -115,6 +120,7 @@ def run_local_job(
     min_workers: int | None = None,
     max_restarts: int = 0,
     rendezvous_seconds: float = 60.0,
+    stall_seconds: float | None = None,
 ) -> list[int]:
     """Runs `argv` as `num_workers` workers of one cluster; their statuses.
 
@@ -130,6 +136,11 @@ def run_local_job(
     (0 for the first), and a restart prints a line that says how many
     workers it runs ("restart 1: 2 workers on hosts 0, 2 (1 does not
     answer)").
+
+    With `stall_seconds`, a worker that has not called
+    `tf_crossdevice.cluster.heartbeat()` for that long since it last did (a
+    job calls it once per step) fails its round too, as one that hangs (in
+    TensorFlow's abort path, say) neither exits nor fails by itself.
 
     Args:
         argv: the command every worker runs, e.g. [sys.executable,
@@ -149,6 +160,9 @@ def run_local_job(
         max_restarts: how many failed rounds are followed by another.
         rendezvous_seconds: how long a round waits for `min_workers` hosts
             to answer.
+        stall_seconds: fail a round whose worker has sent no heartbeat for
+            this long since its last one (None: never); a worker is watched
+            from its first heartbeat, so start-up may take longer.
 
     Returns:
         Each worker's exit status in the last round, in task order.
@@ -169,6 +183,8 @@ def run_local_job(
         )
     checks.non_negative_int(max_restarts, "max_restarts")
     checks.positive_number(rendezvous_seconds, "rendezvous_seconds")
+    if stall_seconds is not None:
+        checks.positive_number(stall_seconds, "stall_seconds")
     deadline = None if timeout_seconds is None else (
         time.monotonic() + timeout_seconds
     )  # fmt: skip
@@ -183,8 +199,9 @@ def run_local_job(
             members = _members(bed, num_workers, least, rendezvous_seconds)
             if restart:
                 print(_restart_line(restart, members, bed), flush=True)
+            limits = _Limits(deadline, grace_seconds, stall_seconds)
             codes = _run(
-                argv, members, bed, deadline, grace_seconds,
+                argv, members, bed, limits,
                 {**(env or {}), RESTART_VARIABLE: str(restart)}, echo,
             )  # fmt: skip
             if all(c == 0 for c in codes) or restart == max_restarts:
@@ -236,12 +253,22 @@ def _names(indices: Sequence[int]) -> str:
     return ", ".join(str(i) for i in indices)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Limits:
+    """When a round stops its workers: at `deadline` (time.monotonic(); None:
+    never), `grace_seconds` after the first failure, or when a worker has
+    sent no heartbeat for `stall_seconds` (None: not watched)."""
+
+    deadline: float | None
+    grace_seconds: float
+    stall_seconds: float | None
+
+
 def _run(
     argv: list[str],
     members: list[int],
     bed: _hosts.EmulatedHosts | None,
-    deadline: float | None,
-    grace_seconds: float,
+    limits: _Limits,
     env: Mapping[str, str],
     echo: bool,
 ) -> list[int]:
@@ -253,10 +280,16 @@ def _run(
     else:
         addresses = [bed.hosts[i].address for i in members]
         configs = tf_config_envs(num_workers, addresses)
+    beats = tempfile.mkdtemp(prefix="tf_crossdevice_heartbeats_")
     children = []
     try:
         for i, config in enumerate(configs):
             command = argv if bed is None else bed.command(members[i], argv)
+            if limits.stall_seconds is not None:
+                beat = os.path.join(beats, f"worker{i}")
+                open(beat, "w").close()  # noqa: SIM115 (created, not written)
+                os.utime(beat, (0, 0))  # No heartbeat yet.
+                config = {**config, HEARTBEAT_VARIABLE: beat}
             children.append(
                 _processes.Child(
                     command, name=f"worker {i}", env={**env, **config}
@@ -266,9 +299,19 @@ def _run(
         failed_at = None
         while len(ended) < num_workers:
             now = time.monotonic()
-            if deadline is not None and now > deadline:
+            if limits.deadline is not None and now > limits.deadline:
                 break
-            if failed_at is not None and now - failed_at > grace_seconds:
+            if failed_at is not None and now - failed_at > limits.grace_seconds:
+                break
+            stalled = _stalled(beats, num_workers, ended, limits)
+            if stalled is not None:
+                print(
+                    f"[worker {stalled}] no heartbeat for "
+                    f"{limits.stall_seconds:g} s (stall_seconds): the round "
+                    "stops",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 break
             for i, child in enumerate(children):
                 if i in ended:
@@ -293,10 +336,29 @@ def _run(
             time.sleep(_POLL_SECONDS)
     finally:
         _processes.stop_all(children)
+        shutil.rmtree(beats, ignore_errors=True)
     return [
         ended.get(i, child.process.returncode)
         for i, child in enumerate(children)
     ]
+
+
+def _stalled(
+    beats: str, num_workers: int, ended: Mapping[int, int], limits: _Limits
+) -> int | None:
+    """The first running worker whose last heartbeat is older than the
+    limit (one that has sent none yet is still starting: not stalled)."""
+    if limits.stall_seconds is None:
+        return None
+    now = time.time()
+    for i in range(num_workers):
+        if i in ended:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            beat = os.stat(os.path.join(beats, f"worker{i}")).st_mtime
+            if beat and now - beat > limits.stall_seconds:
+                return i
+    return None
 
 
 def parse_num_workers(text: str) -> tuple[int, int]:
@@ -340,6 +402,14 @@ def _define_flags() -> None:
     )
     flags.DEFINE_float(
         "timeout_seconds", None, "Stop every worker after this long."
+    )
+    flags.DEFINE_float(
+        "stall_seconds",
+        None,
+        "Fail a round (and restart it, with --max_restarts) when a worker "
+        "has not called tf_crossdevice.cluster.heartbeat() for this long "
+        "(unset or 0: never).",
+        lower_bound=0.0,
     )
     flags.DEFINE_bool(
         "emulate_hosts",
@@ -410,6 +480,7 @@ def _main(argv: list[str]) -> int:
             ),
             min_workers=least,
             max_restarts=flags.FLAGS.max_restarts,
+            stall_seconds=flags.FLAGS.stall_seconds or None,
         )
     except RuntimeError as e:  # Too few hosts answered.
         print(f"launch: {e}", file=sys.stderr, flush=True)

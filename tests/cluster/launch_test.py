@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from tf_crossdevice import launch
+from tf_crossdevice import cluster, launch
 from tf_crossdevice.cluster import processes
 
 # Prints its task index; exits with the code in argv[1] for task 1.
@@ -101,6 +102,11 @@ def test_timeout_stops_every_worker():
             {"argv": ["python"], "num_workers": 2, "rendezvous_seconds": 0},
             ValueError,
             "rendezvous_seconds",
+        ),
+        (
+            {"argv": ["python"], "num_workers": 2, "stall_seconds": 0},
+            ValueError,
+            "stall_seconds",
         ),
     ],
 )
@@ -240,3 +246,100 @@ def test_a_bad_worker_count_names_the_flag_and_the_forms(value):
         "FATAL Flags parsing error: --num_workers: expected N or MIN:MAX with "
         f"1 <= MIN <= MAX, got {value!r}"
     ) in result.stderr, result.stderr
+
+
+# Beats (as tf_crossdevice.cluster.heartbeat does: sets its file's time)
+# every 0.1 s for argv[1] seconds, then exits 0; in round 0 task 1 beats
+# once and then hangs.
+BEATING_CHILD = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+round = int(os.environ["TF_CROSSDEVICE_RESTART"])
+beat = os.environ.get("TF_CROSSDEVICE_HEARTBEAT")
+print("round", round, "task", task, "watched", beat is not None, flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    if beat:
+        os.utime(beat)
+    if round == 0 and task == 1:
+        time.sleep(3600)
+    time.sleep(0.1)
+"""
+
+
+def test_a_worker_without_heartbeats_fails_its_round(capsys):
+    start = time.monotonic()
+    codes = launch.run_local_job(
+        [sys.executable, "-c", BEATING_CHILD, "4"],
+        2,
+        max_restarts=1,
+        stall_seconds=2,
+        grace_seconds=5,
+    )
+    assert codes == [0, 0]
+    assert time.monotonic() - start < 60
+    captured = capsys.readouterr()
+    assert (
+        "[worker 1] no heartbeat for 2 s (stall_seconds): the round stops"
+    ) in captured.err
+    out = captured.out.splitlines()
+    assert "restart 1: 2 workers" in out
+    assert "[worker 1] round 1 task 1 watched True" in out
+
+
+def test_unwatched_workers_have_no_heartbeat_file(capsys):
+    assert launch.run_local_job(
+        [sys.executable, "-c", BEATING_CHILD.replace("round == 0", "0"), "0"],
+        2,
+    ) == [0, 0]
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(out) == [
+        f"[worker {t}] round 0 task {t} watched False" for t in range(2)
+    ]
+
+
+def test_heartbeat_sets_the_named_files_time_and_the_end_removes_it(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "beat"
+    path.touch()
+    os.utime(path, (0, 0))
+    monkeypatch.setenv(cluster.HEARTBEAT_VARIABLE, str(path))
+    cluster.heartbeat()
+    assert abs(path.stat().st_mtime - time.time()) < 60
+    path.unlink()
+    cluster.heartbeat()  # Its round is over: nothing to do, no error.
+    assert not path.exists()
+    path.touch()
+    cluster.end_heartbeats()  # The steps are over: the watch ends.
+    assert not path.exists()
+    cluster.end_heartbeats()
+    monkeypatch.delenv(cluster.HEARTBEAT_VARIABLE)
+    cluster.heartbeat()  # No launcher watches.
+    cluster.end_heartbeats()
+
+
+# Beats for 0.5 s, ends its heartbeats, then works 3 s more without any.
+ENDING_CHILD = """
+import os, time
+beat = os.environ["TF_CROSSDEVICE_HEARTBEAT"]
+for _ in range(5):
+    os.utime(beat)
+    time.sleep(0.1)
+os.remove(beat)  # As tf_crossdevice.cluster.end_heartbeats() does.
+time.sleep(3)
+print("done", flush=True)
+"""
+
+
+def test_a_worker_whose_heartbeats_ended_is_not_watched(capsys):
+    codes = launch.run_local_job(
+        [sys.executable, "-c", ENDING_CHILD], 2, stall_seconds=1
+    )
+    assert codes == [0, 0]
+    captured = capsys.readouterr()
+    assert "no heartbeat" not in captured.err
+    assert sorted(captured.out.splitlines()) == [
+        "[worker 0] done",
+        "[worker 1] done",
+    ]

@@ -312,6 +312,11 @@ def test_the_defaults_are_the_main_job():
             r"--max_restarts=K",
         ),
         (
+            {"stall_seconds": 60, "mode": "in_graph"},
+            r"--stall_seconds: watches the workers the job starts itself: "
+            r"--mode=collective without --job_name",
+        ),
+        (
             {"min_workers": 1, "max_restarts": 1},
             r"--min_workers: only an emulated host can drop out and a "
             r"restart run without it: with --link_rate and --max_restarts",

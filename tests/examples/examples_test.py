@@ -434,12 +434,16 @@ def test_the_main_job_trains_steps_not_a_multiple_of_log_every(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
-    tmp_path,
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_lost_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
+    tmp_path, how
 ):
-    """--max_restarts=1: worker 1 is killed (SIGKILL) after the first
-    checkpoint; the launcher starts both workers again, they resume from
-    the last checkpoint and end with an uninterrupted run's weights."""
+    """--max_restarts=1: after the first checkpoint worker 1 is killed
+    (SIGKILL), or hangs (SIGSTOP: it neither exits nor fails, and its
+    peer waits in a collective whose timeout is far off, so only the
+    launcher's --stall_seconds sees it); the launcher starts both workers
+    again, they resume from the last checkpoint and end with an
+    uninterrupted run's weights."""
     args = [
         "--model=dense",
         "--depth=1",
@@ -449,12 +453,19 @@ def test_a_killed_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
         "--batch_size=8",
         f"--steps={STEPS}",
         "--log_every=5",
-        "--timeout_seconds=20",
     ]
+    watch = (
+        ["--timeout_seconds=20"]
+        if how == "killed"
+        else ["--timeout_seconds=120", "--stall_seconds=5"]
+    )
     with (
         start(*args, f"--model_dir={tmp_path / 'whole'}") as uninterrupted,
         start(
-            *args, "--max_restarts=1", f"--model_dir={tmp_path / 'killed'}"
+            *args,
+            *watch,
+            "--max_restarts=1",
+            f"--model_dir={tmp_path / 'lost'}",
         ) as job,
     ):
         lines = []
@@ -462,10 +473,17 @@ def test_a_killed_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
             lines.append(job.read_line(TIMEOUT))
         workers = psutil.Process(job.pid).children()
         assert len(workers) == 2, workers
-        (killed,) = [w for w in workers if _task_of(w) == 1]
-        killed.kill()
+        (lost,) = [w for w in workers if _task_of(w) == 1]
+        lost.send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         lines += job.read_all(TIMEOUT)
-        assert "[worker 1] exited with -9" in job.stderr_text()
+        if how == "killed":
+            assert "[worker 1] exited with -9" in job.stderr_text()
+        else:
+            assert re.search(
+                r"\[worker \d\] no heartbeat for 5 s \(stall_seconds\): the "
+                r"round stops",
+                job.stderr_text(),
+            ), job.stderr_text()
         whole = "\n".join(uninterrupted.read_all(TIMEOUT))
         assert_no_error_lines(uninterrupted.stderr_text())
     out = "\n".join(lines)

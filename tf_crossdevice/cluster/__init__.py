@@ -7,11 +7,18 @@ one client, and a step that cannot reach a worker raises
 becomes a preemption notice for that client. `processes` starts, watches
 and stops every child process of the package (workers, local jobs, the
 benchmark's sides, test clients); `hosts` builds emulated hosts (network
-namespaces on shaped links). The launcher's command line is
+namespaces on shaped links). `heartbeat` tells a launcher that watches
+for stalls that this worker makes progress (`end_heartbeats`: no more
+steps). The launcher's command line is
 `tf_crossdevice.launch`.
 """
 
 from tf_crossdevice.cluster import hosts, processes
+from tf_crossdevice.cluster._heartbeat import (
+    HEARTBEAT_VARIABLE,
+    end_heartbeats,
+    heartbeat,
+)
 from tf_crossdevice.cluster._in_graph import (
     WorkerReplicas,
     WorkerUnreachableError,
@@ -20,9 +27,12 @@ from tf_crossdevice.cluster._local import LocalCluster, start_local_cluster
 from tf_crossdevice.cluster._notices import serve
 
 __all__ = [
+    "HEARTBEAT_VARIABLE",
     "LocalCluster",
     "WorkerReplicas",
     "WorkerUnreachableError",
+    "end_heartbeats",
+    "heartbeat",
     "hosts",
     "processes",
     "serve",

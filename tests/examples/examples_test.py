@@ -487,18 +487,25 @@ def test_a_lost_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
         whole = "\n".join(uninterrupted.read_all(TIMEOUT))
         assert_no_error_lines(uninterrupted.stderr_text())
     out = "\n".join(lines)
+    check_resumed(out, "global batch 8, learning rate 0.1")
+    assert "restart 1: 2 workers\n" in out + "\n"
+    assert "workers stopped (exit statuses [0, 0])" in out
+    assert digest(out) == digest(whole)
+
+
+def check_resumed(out: str, trains_with: str) -> None:
+    """The chief's line on restart 1 (2 workers, then `trains_with`) names
+    a step from the first checkpoint on, and the run trained the rest."""
     resumed = re.search(
         r"\[worker 0\] restart 1: 2 workers, from step (\d+); "
-        r"global batch 8, learning rate 0\.1\n",
+        + re.escape(trains_with)
+        + "\n",
         out + "\n",
     )
     assert resumed, out
     step = int(resumed[1])
     assert 5 <= step < STEPS
     assert f"trained {STEPS - step} steps in this run, from step {step}" in out
-    assert "restart 1: 2 workers\n" in out + "\n"
-    assert "workers stopped (exit statuses [0, 0])" in out
-    assert digest(out) == digest(whole)
 
 
 def _task_of(process: psutil.Process) -> int | None:
@@ -551,15 +558,7 @@ def test_a_restart_runs_on_the_hosts_still_answering(tmp_path):
     out = "\n".join(lines)
     assert "restart 1: 2 workers on hosts 0, 1 (2 does not answer)" in out
     assert "6 replicas; global batch 12; loop=fit" in out
-    resumed = re.search(
-        r"\[worker 0\] restart 1: 2 workers, from step (\d+); "
-        r"global batch 8, learning rate 0\.2\n",
-        out + "\n",
-    )
-    assert resumed, out
-    step = int(resumed[1])
-    assert 5 <= step < STEPS
-    assert f"trained {STEPS - step} steps in this run, from step {step}" in out
+    check_resumed(out, "global batch 8, learning rate 0.2")
     assert "replica weights equal: yes (4 replicas)" in out
     assert "workers stopped (exit statuses [0, 0])" in out
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith(f"ckpt-{STEPS}")

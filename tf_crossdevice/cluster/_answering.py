@@ -28,7 +28,8 @@ _PROBE = (
 
 
 class _Host(Protocol):
-    index: int
+    @property
+    def index(self) -> int: ...
 
 
 class _Hosts(Protocol):

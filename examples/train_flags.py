@@ -782,8 +782,9 @@ def check_flags(v: dict[str, Any]) -> None:
                 f"{v['num_workers']}"
             )
         per = local_devices_of(v).count
-        rescaled = range(least, v["num_workers"])
-        for workers in [] if _per_replica(v) else rescaled:
+        # With --rescale=per_replica every worker count splits its batch.
+        counts = [] if _per_replica(v) else range(least, v["num_workers"])
+        for workers in counts:
             if v["batch_size"] % (workers * per):
                 raise flags.ValidationError(
                     f"--batch_size: {v['batch_size']} does not split over "

@@ -178,11 +178,9 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
             print(f"resumed from step {start} ({latest})", flush=True)
         restart = int(os.environ.get(launch.RESTART_VARIABLE, "0"))
         if restart:
-            workers = strategy.num_replicas_in_sync // len(
-                strategy.extended.worker_devices
-            )
             print(
-                f"restart {restart}: {workers} workers, from step {start}; "
+                f"restart {restart}: {config.num_workers} workers, from step "
+                f"{start}; "
                 f"global batch {config.batch_size}, learning rate "
                 f"{config.learning_rate:g}",
                 flush=True,

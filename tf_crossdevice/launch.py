@@ -280,16 +280,20 @@ def _run(
     else:
         addresses = [bed.hosts[i].address for i in members]
         configs = tf_config_envs(num_workers, addresses)
-    beats = tempfile.mkdtemp(prefix="tf_crossdevice_heartbeats_")
+    # Each watched worker's heartbeat file, by task.
+    beats: dict[int, str] = {}
+    folder = None
+    if limits.stall_seconds is not None:
+        folder = tempfile.mkdtemp(prefix="tf_crossdevice_heartbeats_")
     children = []
     try:
         for i, config in enumerate(configs):
             command = argv if bed is None else bed.command(members[i], argv)
-            if limits.stall_seconds is not None:
-                beat = os.path.join(beats, f"worker{i}")
-                open(beat, "w").close()  # noqa: SIM115 (created, not written)
-                os.utime(beat, (0, 0))  # No heartbeat yet.
-                config = {**config, HEARTBEAT_VARIABLE: beat}
+            if folder is not None:
+                beats[i] = os.path.join(folder, f"worker{i}")
+                open(beats[i], "w").close()  # noqa: SIM115 (only created)
+                os.utime(beats[i], (0, 0))  # No heartbeat yet.
+                config = {**config, HEARTBEAT_VARIABLE: beats[i]}
             children.append(
                 _processes.Child(
                     command, name=f"worker {i}", env={**env, **config}
@@ -303,7 +307,7 @@ def _run(
                 break
             if failed_at is not None and now - failed_at > limits.grace_seconds:
                 break
-            stalled = _stalled(beats, num_workers, ended, limits)
+            stalled = _stalled(beats, ended, limits.stall_seconds)
             if stalled is not None:
                 print(
                     f"[worker {stalled}] no heartbeat for "
@@ -336,7 +340,8 @@ def _run(
             time.sleep(_POLL_SECONDS)
     finally:
         _processes.stop_all(children)
-        shutil.rmtree(beats, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     return [
         ended.get(i, child.process.returncode)
         for i, child in enumerate(children)
@@ -344,19 +349,22 @@ def _run(
 
 
 def _stalled(
-    beats: str, num_workers: int, ended: Mapping[int, int], limits: _Limits
+    beats: Mapping[int, str],
+    ended: Mapping[int, int],
+    stall_seconds: float | None,
 ) -> int | None:
-    """The first running worker whose last heartbeat is older than the
-    limit (one that has sent none yet is still starting: not stalled)."""
-    if limits.stall_seconds is None:
+    """The first running worker whose last heartbeat (its file in `beats`)
+    is older than `stall_seconds`; one that has sent none yet is still
+    starting, and one whose file is gone has ended its heartbeats."""
+    if stall_seconds is None:  # Then `beats` is empty.
         return None
     now = time.time()
-    for i in range(num_workers):
+    for i, path in beats.items():
         if i in ended:
             continue
         with contextlib.suppress(FileNotFoundError):
-            beat = os.stat(os.path.join(beats, f"worker{i}")).st_mtime
-            if beat and now - beat > limits.stall_seconds:
+            beat = os.stat(path).st_mtime
+            if beat and now - beat > stall_seconds:
                 return i
     return None
 

@@ -221,7 +221,7 @@ def preemption_target(job: processes.Child, mode: str) -> psutil.Process:
         return psutil.Process(job.pid)
     for child in psutil.Process(job.pid).children():
         if mode == "collective":
-            if '"index": 1}' in child.environ().get("TF_CONFIG", ""):
+            if _task_of(child) == 1:
                 return child
         elif "--task_index=1" in child.cmdline():
             return child

@@ -109,7 +109,9 @@ def test_only_a_crash_in_the_profilers_stop_is_run_again():
     assert not _PROFILER_CRASH.search(two)
 
 
-def _workers_stuck_in_the_profilers_stop(job: processes.Child) -> str:
+def _workers_stuck_in_the_profilers_stop(
+    job: processes.Child,
+) -> tuple[str, bool]:
     """py-spy's dump of each worker of a hung job (it reads their memory;
     they go on), and whether one's main thread waits in the profiler's
     stop (its thread id is its process id), as (dumps, stuck)."""

@@ -182,7 +182,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         0.0,
         "With --max_restarts: also restart when a worker has finished no "
         "step for this long (a worker hung in TensorFlow's abort path "
-        "neither exits nor fails), counted from its first step; 0: never.",
+        "neither exits nor fails), counted from its first step; 0: never. "
+        "After half that long the launcher names the late workers and the "
+        "collective the others wait in.",
         lower_bound=0.0,
         flag_values=fv,
     )

@@ -437,7 +437,7 @@ def _fit(
                 self.tracing.close()
             self.step += 1
             reporter.step_done()
-            tf_crossdevice.cluster.heartbeat()  # --stall_seconds
+            tf_crossdevice.cluster.heartbeat(self.step)  # --stall_seconds
             if self.step < config.steps and watcher.should_stop():
                 self.stopped = self.step
                 self.model.stop_training = True
@@ -665,7 +665,7 @@ def _log_and_save(
         correct += float(right)
         step_number += 1
         reporter.step_done()
-        tf_crossdevice.cluster.heartbeat()  # --stall_seconds
+        tf_crossdevice.cluster.heartbeat(step_number)  # --stall_seconds
         saved = False
         if step_number % config.log_every == 0 or step_number == config.steps:
             reporter.record(

@@ -53,6 +53,7 @@ PUBLIC_API = {
     ],
     "tf_crossdevice.cluster": [
         "HEARTBEAT_VARIABLE",
+        "HeartbeatWatch",
         "LocalCluster",
         "WorkerReplicas",
         "WorkerUnreachableError",

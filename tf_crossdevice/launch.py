@@ -38,12 +38,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import shlex
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
@@ -51,7 +48,7 @@ from typing import NoReturn
 from absl import app, flags
 
 from tf_crossdevice._core import checks
-from tf_crossdevice.cluster import HEARTBEAT_VARIABLE
+from tf_crossdevice.cluster import HeartbeatWatch
 from tf_crossdevice.cluster import hosts as _hosts
 from tf_crossdevice.cluster import processes as _processes
 
@@ -121,6 +118,7 @@ def run_local_job(
     max_restarts: int = 0,
     rendezvous_seconds: float = 60.0,
     stall_seconds: float | None = None,
+    stall_warning_seconds: float | None = None,
 ) -> list[int]:
     """Runs `argv` as `num_workers` workers of one cluster; their statuses.
 
@@ -141,6 +139,14 @@ def run_local_job(
     `tf_crossdevice.cluster.heartbeat()` for that long since it last did (a
     job calls it once per step) fails its round too, as one that hangs (in
     TensorFlow's abort path, say) neither exits nor fails by itself.
+    Each collective of the package's collective classes counts as progress
+    too, and says which it is: a worker without progress for
+    `stall_warning_seconds` makes the launcher print one report that names
+    the late workers, how far each got (step and collective) and the
+    collective the others wait in ("stall: no progress for 4.0 s. Late:
+    worker 1 (step 58, collective 1: ...) has not reached step 58,
+    collective 2: all_reduce of pack 2 of 2 (3 tensors) in
+    CollectiveAllReduce, instance key 10, where worker 0 waits.").
 
     Args:
         argv: the command every worker runs, e.g. [sys.executable,
@@ -163,6 +169,9 @@ def run_local_job(
         stall_seconds: fail a round whose worker has sent no heartbeat for
             this long since its last one (None: never); a worker is watched
             from its first heartbeat, so start-up may take longer.
+        stall_warning_seconds: print the stall report when a worker has
+            made no progress for this long (default: half `stall_seconds`;
+            None without it: never).
 
     Returns:
         Each worker's exit status in the last round, in task order.
@@ -185,6 +194,10 @@ def run_local_job(
     checks.positive_number(rendezvous_seconds, "rendezvous_seconds")
     if stall_seconds is not None:
         checks.positive_number(stall_seconds, "stall_seconds")
+    if stall_warning_seconds is not None:
+        checks.positive_number(stall_warning_seconds, "stall_warning_seconds")
+    elif stall_seconds is not None:
+        stall_warning_seconds = stall_seconds / 2
     deadline = None if timeout_seconds is None else (
         time.monotonic() + timeout_seconds
     )  # fmt: skip
@@ -199,7 +212,9 @@ def run_local_job(
             members = _members(bed, num_workers, least, rendezvous_seconds)
             if restart:
                 print(_restart_line(restart, members, bed), flush=True)
-            limits = _Limits(deadline, grace_seconds, stall_seconds)
+            limits = _Limits(
+                deadline, grace_seconds, stall_seconds, stall_warning_seconds
+            )
             codes = _run(
                 argv, members, bed, limits,
                 {**(env or {}), RESTART_VARIABLE: str(restart)}, echo,
@@ -257,11 +272,13 @@ def _names(indices: Sequence[int]) -> str:
 class _Limits:
     """When a round stops its workers: at `deadline` (time.monotonic(); None:
     never), `grace_seconds` after the first failure, or when a worker has
-    sent no heartbeat for `stall_seconds` (None: not watched)."""
+    sent no heartbeat for `stall_seconds` (None: not watched); with a
+    stall report after `warning_seconds` without progress (None: none)."""
 
     deadline: float | None
     grace_seconds: float
     stall_seconds: float | None
+    warning_seconds: float | None
 
 
 def _run(
@@ -280,23 +297,16 @@ def _run(
     else:
         addresses = [bed.hosts[i].address for i in members]
         configs = tf_config_envs(num_workers, addresses)
-    # Each watched worker's heartbeat file, by task.
-    beats: dict[int, str] = {}
-    folder = None
-    if limits.stall_seconds is not None:
-        folder = tempfile.mkdtemp(prefix="tf_crossdevice_heartbeats_")
+    watch = HeartbeatWatch(limits.stall_seconds, limits.warning_seconds)
     children = []
     try:
         for i, config in enumerate(configs):
             command = argv if bed is None else bed.command(members[i], argv)
-            if folder is not None:
-                beats[i] = os.path.join(folder, f"worker{i}")
-                open(beats[i], "w").close()  # noqa: SIM115 (only created)
-                os.utime(beats[i], (0, 0))  # No heartbeat yet.
-                config = {**config, HEARTBEAT_VARIABLE: beats[i]}
             children.append(
                 _processes.Child(
-                    command, name=f"worker {i}", env={**env, **config}
+                    command,
+                    name=f"worker {i}",
+                    env={**env, **config, **watch.env(i)},
                 )
             )
         ended: dict[int, int] = {}
@@ -307,7 +317,7 @@ def _run(
                 break
             if failed_at is not None and now - failed_at > limits.grace_seconds:
                 break
-            stalled = _stalled(beats, ended, limits.stall_seconds)
+            stalled = watch.stalled(ended)
             if stalled is not None:
                 print(
                     f"[worker {stalled}] no heartbeat for "
@@ -340,33 +350,11 @@ def _run(
             time.sleep(_POLL_SECONDS)
     finally:
         _processes.stop_all(children)
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+        watch.close()
     return [
         ended.get(i, child.process.returncode)
         for i, child in enumerate(children)
     ]
-
-
-def _stalled(
-    beats: Mapping[int, str],
-    ended: Mapping[int, int],
-    stall_seconds: float | None,
-) -> int | None:
-    """The first running worker whose last heartbeat (its file in `beats`)
-    is older than `stall_seconds`; one that has sent none yet is still
-    starting, and one whose file is gone has ended its heartbeats."""
-    if stall_seconds is None:  # Then `beats` is empty.
-        return None
-    now = time.time()
-    for i, path in beats.items():
-        if i in ended:
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            beat = os.stat(path).st_mtime
-            if beat and now - beat > stall_seconds:
-                return i
-    return None
 
 
 def parse_num_workers(text: str) -> tuple[int, int]:
@@ -417,6 +405,14 @@ def _define_flags() -> None:
         "Fail a round (and restart it, with --max_restarts) when a worker "
         "has not called tf_crossdevice.cluster.heartbeat() for this long "
         "(unset or 0: never).",
+        lower_bound=0.0,
+    )
+    flags.DEFINE_float(
+        "stall_warning_seconds",
+        None,
+        "Print a report naming the late workers and the collective the "
+        "others wait in when a worker has made no progress for this long "
+        "(default: half --stall_seconds; unset or 0 without it: never).",
         lower_bound=0.0,
     )
     flags.DEFINE_bool(
@@ -489,6 +485,7 @@ def _main(argv: list[str]) -> int:
             min_workers=least,
             max_restarts=flags.FLAGS.max_restarts,
             stall_seconds=flags.FLAGS.stall_seconds or None,
+            stall_warning_seconds=flags.FLAGS.stall_warning_seconds or None,
         )
     except RuntimeError as e:  # Too few hosts answered.
         print(f"launch: {e}", file=sys.stderr, flush=True)

@@ -9,25 +9,27 @@ and stops every child process of the package (workers, local jobs, the
 benchmark's sides, test clients); `hosts` builds emulated hosts (network
 namespaces on shaped links). `heartbeat` tells a launcher that watches
 for stalls that this worker makes progress (`end_heartbeats`: no more
-steps). The launcher's command line is
+steps); `HeartbeatWatch` is that watch. The launcher's command line is
 `tf_crossdevice.launch`.
 """
 
-from tf_crossdevice.cluster import hosts, processes
-from tf_crossdevice.cluster._heartbeat import (
+from tf_crossdevice._core.heartbeat import (
     HEARTBEAT_VARIABLE,
     end_heartbeats,
     heartbeat,
 )
+from tf_crossdevice.cluster import hosts, processes
 from tf_crossdevice.cluster._in_graph import (
     WorkerReplicas,
     WorkerUnreachableError,
 )
 from tf_crossdevice.cluster._local import LocalCluster, start_local_cluster
 from tf_crossdevice.cluster._notices import serve
+from tf_crossdevice.cluster._stall_watch import HeartbeatWatch
 
 __all__ = [
     "HEARTBEAT_VARIABLE",
+    "HeartbeatWatch",
     "LocalCluster",
     "WorkerReplicas",
     "WorkerUnreachableError",

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tf_crossdevice._core import checks, tf_internal, values
 from tf_crossdevice._core.reducer import Batch, Devices
 from tf_crossdevice._core.values import Value
+from tf_crossdevice.collective._entering import pack_label, unit
 from tf_crossdevice.collective._group import Group, Options
 from tf_crossdevice.collective._launch_order import launch_units
 from tf_crossdevice.collective._reducer import CollectiveReducer
@@ -200,21 +201,24 @@ class FlatStep:
         and IndexedSlices in `launch_order`, last values first.
         """
         out: list[Any] = [None] * len(tensors)
-        for keys in launch_units(
-            tensors, options.bytes_per_pack, self.merge_scope
-        ):
-            if values.is_sparse(tensors[keys[0]]):
-                out[keys[0]] = all_reduce_sparse(
-                    group, index, tensors[keys[0]], options
-                )
+        units = launch_units(tensors, options.bytes_per_pack, self.merge_scope)
+        for position, keys in enumerate(units):
+            sparse = values.is_sparse(tensors[keys[0]])
+            label = pack_label(position, len(units), len(keys), sparse)
+            if sparse:
+                with unit(label):
+                    out[keys[0]] = all_reduce_sparse(
+                        group, index, tensors[keys[0]], options
+                    )
                 continue
-            sums = _all_reduce_pack(
-                group,
-                index,
-                [tensors[k] for k in keys],
-                options,
-                reducer.wire.codec,
-            )
+            with unit(label):
+                sums = _all_reduce_pack(
+                    group,
+                    index,
+                    [tensors[k] for k in keys],
+                    options,
+                    reducer.wire.codec,
+                )
             for k, total in zip(keys, sums, strict=True):
                 out[k] = total
         return out

@@ -47,6 +47,7 @@ from absl import logging
 from tf_crossdevice import compression as codec
 from tf_crossdevice._core import devices as devices_lib
 from tf_crossdevice._core import tf_internal
+from tf_crossdevice.collective import _entering
 from tf_crossdevice.compression import gather_compression_pays
 
 # tf.distribute.experimental.CommunicationOptions (TensorFlow has no stubs).
@@ -361,7 +362,8 @@ _last_in_graph: weakref.WeakKeyDictionary[Any, dict[str, Any]] = (
 
 
 def _launch(device: str, op: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
-    """`op(*args, **kwargs)`, after the device's previous collective.
+    """`op(*args, **kwargs)`, after the device's previous collective
+    (and recorded as entered, for a launcher that watches: `_entering`).
 
     In TF 2 the ordering token orders a device's collectives. A TF 1 graph
     gets a control edge from each device's previous collective instead:
@@ -369,11 +371,11 @@ def _launch(device: str, op: Any, *args: Any, **kwargs: Any) -> tf.Tensor:
     wait for each other for good.
     """
     if tf.compat.v1.executing_eagerly_outside_functions():
-        return op(*args, **kwargs)
+        return _entering.launch(device, op, args, **kwargs)
     last = _last_in_graph.setdefault(tf.compat.v1.get_default_graph(), {})
     previous = [last[device]] if device in last else []
     with tf.control_dependencies(previous):
-        out = op(*args, **kwargs)
+        out = _entering.launch(device, op, args, **kwargs)
     last[device] = out.op
     return out
 

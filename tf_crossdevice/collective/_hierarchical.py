@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tf_crossdevice._core import tf_internal, values
 from tf_crossdevice._core.reducer import Batch, Devices
+from tf_crossdevice.collective._entering import pack_label, unit
 from tf_crossdevice.collective._group import Options
 from tf_crossdevice.collective._launch_order import launch_units
 from tf_crossdevice.collective._reducer import CollectiveReducer
@@ -143,13 +144,16 @@ class HierarchicalStep:
         results: Batch = [[None] * len(devices) for _ in batch]
         # Last values first (see `launch_order`): the first collective
         # waits for the last layers' gradients only.
-        for keys in launch_units(
+        units = launch_units(
             [value[0] for value in batch], options.bytes_per_pack, None
-        ):
-            if values.is_sparse(batch[keys[0]][0]):
+        )
+        for position, keys in enumerate(units):
+            sparse = values.is_sparse(batch[keys[0]][0])
+            label = pack_label(position, len(units), len(keys), sparse)
+            if sparse:
                 value = batch[keys[0]]
                 local = values.sum_sparse(value, first)
-                with tf.device(first):
+                with tf.device(first), unit(label):
                     total = all_reduce_sparse(workers, 0, local, options)
                 results[keys[0]] = [
                     values.copy_value(total, d) for d in devices
@@ -160,7 +164,7 @@ class HierarchicalStep:
                 with tf.device(device):
                     flat.append(flatten_pack([batch[k][d] for k in keys]))
             local = self._local_sum(flat, devices)
-            with tf.device(first):
+            with tf.device(first), unit(label):
                 total = workers.all_reduce(
                     0, local, options, reducer.wire.codec
                 )

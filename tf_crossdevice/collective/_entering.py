@@ -75,17 +75,30 @@ def launch(
     if tf.executing_eagerly():
         heartbeat.entering(f"{what}, instance key {int(key)}")
         return op(*inputs, **kwargs)
+    if not isinstance(key, tf.Tensor):
+        # A TF 1 graph's keys are fixed when it is built: it gets no record.
+        return op(*inputs, **kwargs)
     graph = tf.compat.v1.get_default_graph()
     last = _last.setdefault(graph, {})
     after = [t for t in inputs if isinstance(t, tf.Tensor)]
     if device in last:
         after.append(last[device])
     with tf.control_dependencies(after):
-        record = tf.numpy_function(
-            lambda k: _entering(what, k), [key], tf.int32, name="entering"
+        # The record passes the instance key on to the collective: a data
+        # edge, which nothing prunes. Stateless, because tf.function runs
+        # stateful ops in program order, which would chain the records of
+        # different devices and deadlock a collective of several of this
+        # worker's devices (one device's next record waiting for its
+        # collective, which waits for another device's record).
+        key = tf.numpy_function(
+            lambda k: _entering(what, k),
+            [key],
+            tf.int32,
+            stateful=False,
+            name="entering",
         )
-    with tf.control_dependencies([record]):
-        out = op(*inputs, **kwargs)
+    key.set_shape([])
+    out = op(*inputs, **{**kwargs, "instance_key": key})
     last[device] = out.op
     return out
 
@@ -104,4 +117,4 @@ def _describe(name: str) -> str:
 
 def _entering(what: str, key: Any) -> np.int32:
     heartbeat.entering(f"{what}, instance key {int(key)}")
-    return np.int32(0)
+    return np.int32(key)

@@ -198,6 +198,8 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
         self._call_options: list[Options | None] = []
         # The first replica's initial value of the variable being created.
         self._first_initial_value = None
+        # Made on first use: the workers' cardinalities meet there.
+        self._cardinality_group: Group | None = None
         super().__init__(container, resolver, options)
         self._cross_device_ops = ops
         self._host_cross_device_ops = host
@@ -220,6 +222,68 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
         for extra in self._call_options:
             options = values.check_options(options).merge(extra)
         return super()._reduce_to(reduce_op, value, destinations, options)
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        return self._agree_on_cardinality(
+            super()._experimental_distribute_dataset(dataset, options)
+        )
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        return self._agree_on_cardinality(
+            super()._distribute_datasets_from_function(dataset_fn, options)
+        )
+
+    def _agree_on_cardinality(self, distributed: Any) -> Any:
+        """`distributed`, whose cardinality (batches) is the job's.
+
+        TensorFlow gives a distributed dataset its worker's own cardinality,
+        and Keras's `fit` runs that many steps: a worker with less data
+        would leave the step loop early while the others wait for it in
+        the step's collectives. Its iterator hands out empty batches until
+        no worker has data left, so the job runs as many steps as the
+        worker with most batches: every worker takes that number (UNKNOWN
+        when one of them does not know its own, and Keras then iterates up
+        to the end of the data, which the iterator signals on every worker
+        at the same step).
+
+        Raises:
+            ValueError: some workers' data is infinite and others' is not
+                (the iterators would run different collectives).
+        """
+        if self._num_workers == 1 or not tf.executing_eagerly():
+            # In a function TensorFlow leaves the cardinality UNKNOWN.
+            return distributed
+        if self._cardinality_group is None:
+            # One member per worker: its first device.
+            first = self._host_cross_device_ops.reducer.local_devices[0]
+            self._cardinality_group = Group(
+                self._collective_keys, [first], self._num_workers, "cardinality"
+            )
+        own = int(distributed.cardinality)
+        every = [
+            int(c)
+            for c in self._cardinality_group.all_gather(
+                0, tf.constant([own], tf.int64), self._communication_options
+            ).numpy()
+        ]
+        if len(set(every)) == 1:
+            return distributed
+        infinite = int(tf.data.INFINITE_CARDINALITY)
+        if infinite in every:
+            raise ValueError(
+                "the workers' datasets disagree: infinite on some, not on "
+                f"others (cardinality by task: {every}); every worker's "
+                "data must be infinite, or none"
+            )
+        if min(every) < 0:  # tf.data.UNKNOWN_CARDINALITY on some worker
+            agreed = int(tf.data.UNKNOWN_CARDINALITY)
+        else:
+            agreed = max(every)
+        # TensorFlow 2.21's DistributedDataset and
+        # DistributedDatasetsFromFunction keep it here, read by their
+        # `cardinality` property and handed to each iterator they make.
+        distributed._cardinality = agreed
+        return distributed
 
     def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
         if isinstance(self._cross_device_ops, CollectiveAllReduce):

@@ -9,6 +9,11 @@ traffic of one all-reduce per micro-batch.
 every worker agrees on (through a tiny all-reduce), so that they all save
 a checkpoint at that step and leave cleanly.
 
+`compute_average_loss` and the Keras loss `AverageOverExamples`: a
+step's loss averaged over the examples it had on every replica, right also
+when workers hold different amounts of data (a worker whose data ran out
+gets empty batches).
+
 `profile_step`: one step recorded by TensorFlow's profiler (a
 `StepProfile`), every op of every host thread (the forward and backward
 passes beside each pack's all-reduce), as Chrome trace events that
@@ -24,6 +29,10 @@ format).
 """
 
 from tf_crossdevice.training._accumulate import GradientAccumulator
+from tf_crossdevice.training._average_loss import (
+    AverageOverExamples,
+    compute_average_loss,
+)
 from tf_crossdevice.training._preemption import PreemptionWatcher
 from tf_crossdevice.training._timeline import (
     COLLECTIVE_OPS,
@@ -37,12 +46,14 @@ from tf_crossdevice.training._timeline import (
 )
 
 __all__ = [
+    "AverageOverExamples",
     "COLLECTIVE_OPS",
     "GradientAccumulator",
     "PreemptionWatcher",
     "STEP_EVENT",
     "StepProfile",
     "StepSummary",
+    "compute_average_loss",
     "merge_traces",
     "profile_step",
     "summarize_trace",

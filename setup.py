@@ -59,6 +59,11 @@ setuptools.setup(
         # python -m tf_crossdevice.compat.upgrade rewrites code with libcst,
         # which keeps comments and formatting (ast would drop them).
         "upgrade": ["libcst>=1.1"],
+        # One launcher per machine (tf_crossdevice.cluster.run_host_agent)
+        # meets the others through a rendezvous on an etcd server, which it
+        # talks to over etcd's HTTP gateway with etcd3gw (maintained, pure
+        # Python; the gRPC client `etcd3` has had no release since 2020).
+        "elastic": ["etcd3gw>=2.4"],
         "test": [
             "pytest>=8",
             # Runs the suite on both cores of a small machine.
@@ -73,6 +78,8 @@ setuptools.setup(
             # tests/examples/timeline_flag_test.py reads where a hung job's
             # workers wait without stopping them.
             "py-spy>=0.3",
+            # tests/cluster/rendezvous_test.py (the `elastic` extra).
+            "etcd3gw>=2.4",
         ],
         # Pinned: a new release's rules would otherwise fail CI on its own.
         # import-linter checks the layering (.importlinter).

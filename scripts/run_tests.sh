@@ -5,7 +5,9 @@
 # contracts (.importlinter), the documentation site's strict build, the Bazel
 # build of every target with its wiring tests (scripts/bazel_test.sh; it fails
 # if Bazel can be installed here but the install or the build fails, and
-# skips only where it cannot be installed), then the whole pytest suite with
+# skips only where it cannot be installed), installs etcd for the
+# multi-machine launcher's tests (scripts/etcd.sh: Debian's etcd-server, its
+# service neither started nor enabled), then the whole pytest suite with
 # doctests. pytest runs last so that its summary is the closing line.
 # The venv gets tensorflow-cpu (the [cpu] extra): the package itself never
 # installs a TensorFlow wheel over the one a user has.
@@ -36,6 +38,8 @@ trap 'rm -rf "$SITE_DIR"' EXIT
 echo "== bazel test //... (offline; .bazelrc: builds every target, runs the" \
   "wiring tests)"
 PYTHON="$PWD/.venv/bin/python" bash scripts/bazel_test.sh
+echo "== etcd (the multi-machine launcher's tests start their own)"
+bash scripts/etcd.sh
 echo "== pytest (every test, slow ones included, and every doctest)"
 # loadgroup: conftest.py keeps tests sharing a module-scoped setup on one
 # worker and schedules every other test on its own.

@@ -61,6 +61,7 @@ PUBLIC_API = {
         "heartbeat",
         "hosts",
         "processes",
+        "run_host_agent",
         "serve",
         "start_local_cluster",
     ],

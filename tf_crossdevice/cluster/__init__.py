@@ -10,7 +10,8 @@ benchmark's sides, test clients); `hosts` builds emulated hosts (network
 namespaces on shaped links). `heartbeat` tells a launcher that watches
 for stalls that this worker makes progress (`end_heartbeats`: no more
 steps); `HeartbeatWatch` is that watch. The launcher's command line is
-`tf_crossdevice.launch`.
+`tf_crossdevice.launch`. On several machines, `run_host_agent` is one
+host's launcher: the hosts meet in rounds on an etcd server.
 """
 
 from tf_crossdevice._core.heartbeat import (
@@ -19,6 +20,7 @@ from tf_crossdevice._core.heartbeat import (
     heartbeat,
 )
 from tf_crossdevice.cluster import hosts, processes
+from tf_crossdevice.cluster._agent import run_host_agent
 from tf_crossdevice.cluster._in_graph import (
     WorkerReplicas,
     WorkerUnreachableError,
@@ -37,6 +39,7 @@ __all__ = [
     "heartbeat",
     "hosts",
     "processes",
+    "run_host_agent",
     "serve",
     "start_local_cluster",
 ]

@@ -19,8 +19,11 @@ again, every worker started anew, and resumes from its last checkpoint;
 with `min_workers` (`--num_workers=MIN:MAX`), each restart runs on the
 emulated hosts that answer then, at least MIN of them (`run_local_job`).
 
-On several machines, give each worker the same cluster in `TF_CONFIG` with
-its own task index instead; nothing else changes.
+On several machines, run one launcher on each host with `--rendezvous`
+(an etcd server every host reaches, and the job's id) and `--address`
+(where this host's worker listens): each runs one worker, and they meet
+in rounds on etcd (`tf_crossdevice.cluster.run_host_agent`). Or give each
+worker the same cluster in `TF_CONFIG` with its own task index yourself.
 
 Command line (exits with the first failing worker's status, else 0; the
 workers' command goes after --):
@@ -31,6 +34,10 @@ workers' command goes after --):
         --link_rate=1gbit -- python examples/train.py --job_name=worker
     python -m tf_crossdevice.launch --num_workers=2:3 --max_restarts=2 \\
         --emulate_hosts -- python train.py --model_dir=/tmp/job
+    # On each host:
+    python -m tf_crossdevice.launch --num_workers=2:4 --max_restarts=3 \\
+        --rendezvous=etcd://10.0.0.1:2379/job1 --address=10.0.0.2:2222 \\
+        -- python train.py --model_dir=/shared/job
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from typing import NoReturn
 
 from absl import app, flags
 
+from tf_crossdevice import cluster as _cluster
 from tf_crossdevice._core import checks
 from tf_crossdevice.cluster import HeartbeatWatch
 from tf_crossdevice.cluster import hosts as _hosts
@@ -415,6 +423,19 @@ def _define_flags() -> None:
         "(default: half --stall_seconds; unset or 0 without it: never).",
         lower_bound=0.0,
     )
+    flags.DEFINE_string(
+        "rendezvous",
+        None,
+        "etcd://HOST:PORT/JOB_ID: run this host's one worker of a job on "
+        "several machines, meeting the other hosts' launchers on that etcd "
+        "server (start one launcher per host, each with its --address).",
+    )
+    flags.DEFINE_string(
+        "address",
+        None,
+        "With --rendezvous: HOST:PORT where this host's worker listens, as "
+        "the other hosts reach it.",
+    )
     flags.DEFINE_bool(
         "emulate_hosts",
         False,
@@ -446,6 +467,18 @@ def _parse_flags(argv: list[str]) -> list[str]:
         parse_num_workers(flags.FLAGS.num_workers)
     except ValueError as e:
         _flag_error(str(e))
+    if flags.FLAGS.rendezvous and not flags.FLAGS.address:
+        _flag_error(
+            "--address: needed with --rendezvous (HOST:PORT where this "
+            "host's worker listens, e.g. --address=10.0.0.2:2222)"
+        )
+    if flags.FLAGS.address and not flags.FLAGS.rendezvous:
+        _flag_error("--address: only with --rendezvous")
+    if flags.FLAGS.rendezvous and flags.FLAGS.emulate_hosts:
+        _flag_error(
+            "--emulate_hosts: runs every worker on this machine; with "
+            "--rendezvous each host runs its own (use one or the other)"
+        )
     if left:
         own = argv[1 : split - len(left)]
         command = [*left, *argv[split + 1 :]]
@@ -474,6 +507,8 @@ def _main(argv: list[str]) -> int:
     # Stopped from outside, still stop the workers and remove the hosts.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     least, most = parse_num_workers(flags.FLAGS.num_workers)
+    if flags.FLAGS.rendezvous:
+        return _run_host(command, least, most)
     try:
         codes = run_local_job(
             command,
@@ -491,6 +526,25 @@ def _main(argv: list[str]) -> int:
         print(f"launch: {e}", file=sys.stderr, flush=True)
         return 1
     return next((c for c in codes if c != 0), 0)
+
+
+def _run_host(command: list[str], least: int, most: int) -> int:
+    """This host's worker of a job on several machines (--rendezvous)."""
+    try:
+        return _cluster.run_host_agent(
+            command,
+            rendezvous=flags.FLAGS.rendezvous,
+            address=flags.FLAGS.address,
+            min_workers=least,
+            max_workers=most,
+            max_restarts=flags.FLAGS.max_restarts,
+            timeout_seconds=flags.FLAGS.timeout_seconds,
+            stall_seconds=flags.FLAGS.stall_seconds or None,
+        )
+    except (RuntimeError, ValueError, ImportError) as e:
+        # etcd unreachable, too few hosts, a bad rendezvous, no etcd3gw.
+        print(f"launch: {e}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -343,3 +343,49 @@ def test_a_worker_whose_heartbeats_ended_is_not_watched(capsys):
         "[worker 0] done",
         "[worker 1] done",
     ]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--rendezvous=etcd://127.0.0.1:2379/j"],
+            "--address: needed with --rendezvous (HOST:PORT where this "
+            "host's worker listens, e.g. --address=10.0.0.2:2222)",
+        ),
+        (["--address=127.0.0.1:2222"], "--address: only with --rendezvous"),
+        (
+            [
+                "--rendezvous=etcd://127.0.0.1:2379/j",
+                "--address=127.0.0.1:2222",
+                "--emulate_hosts",
+            ],
+            "--emulate_hosts: runs every worker on this machine; with "
+            "--rendezvous each host runs its own (use one or the other)",
+        ),
+    ],
+)
+def test_the_multi_machine_flags_go_together(args, message):
+    result = launcher(*args, "--", "true")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert f"FATAL Flags parsing error: {message}\n" in result.stderr
+
+
+def test_a_rendezvous_that_does_not_answer_ends_the_launcher_with_its_address():
+    (port,) = processes.free_ports(1)
+    result = launcher(
+        f"--rendezvous=etcd://127.0.0.1:{port}/j",
+        "--address=127.0.0.1:2222",
+        "--",
+        "true",
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""  # No worker started.
+    assert (
+        f"launch: rendezvous: etcd 127.0.0.1:{port} job 'j' does not answer ("
+    ) in result.stderr, result.stderr
+    assert result.stderr.endswith(
+        "); start etcd there (or pass the address of a running one) and "
+        "check that this host reaches it\n"
+    ), result.stderr

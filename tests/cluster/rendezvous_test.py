@@ -425,3 +425,35 @@ def test_without_etcd3gw_the_error_names_the_extra(monkeypatch):
             min_workers=1,
             max_workers=1,
         )
+
+
+def test_one_launcher_command_per_host(etcd):
+    hosts = addresses(2)
+    launchers = [
+        processes.Child(
+            [
+                sys.executable,
+                "-m",
+                "tf_crossdevice.launch",
+                f"--rendezvous=etcd://{etcd}/cli",
+                f"--address={host}",
+                "--num_workers=2",
+                "--",
+                sys.executable,
+                "-c",
+                CHILD,
+                "0",
+            ],
+            name=f"launcher {host}",
+        )
+        for host in hosts
+    ]
+    try:
+        outs = ["\n".join(launcher.read_all(60)) for launcher in launchers]
+        assert [launcher.wait(timeout=60) for launcher in launchers] == [0, 0]
+    finally:
+        processes.stop_all(launchers)
+    assert rounds("\n".join(outs)) == [
+        (0, 0, sorted(hosts)),
+        (0, 1, sorted(hosts)),
+    ]

@@ -216,7 +216,8 @@ class EtcdRendezvous:
             except self._errors as e:
                 if time.monotonic() >= give_up:
                     raise RuntimeError(
-                        f"rendezvous: {self.store} does not answer ({e}); "
+                        f"rendezvous: {self.store} does not answer "
+                        f"({type(e).__name__}: {str(e) or 'no answer'}); "
                         "start etcd there (or pass the address of a running "
                         "one) and check that this host reaches it"
                     ) from e

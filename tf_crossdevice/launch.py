@@ -147,8 +147,10 @@ def run_local_job(
     `tf_crossdevice.cluster.heartbeat()` for that long since it last did (a
     job calls it once per step) fails its round too, as one that hangs (in
     TensorFlow's abort path, say) neither exits nor fails by itself.
-    Each collective of the package's collective classes counts as progress
-    too, and says which it is: a worker without progress for
+    A restart's round prints when its first step is done, as far as the
+    heartbeats tell ("round 1: first step done 21.3 s after the workers
+    started"). Each collective of the package's collective classes counts
+    as progress too, and says which it is: a worker without progress for
     `stall_warning_seconds` makes the launcher print one report that names
     the late workers, how far each got (step and collective) and the
     collective the others wait in ("stall: no progress for 4.0 s. Late:
@@ -221,7 +223,11 @@ def run_local_job(
             if restart:
                 print(_restart_line(restart, members, bed), flush=True)
             limits = _Limits(
-                deadline, grace_seconds, stall_seconds, stall_warning_seconds
+                deadline,
+                grace_seconds,
+                stall_seconds,
+                stall_warning_seconds,
+                announce=restart,
             )
             codes = _run(
                 argv, members, bed, limits,
@@ -287,6 +293,9 @@ class _Limits:
     grace_seconds: float
     stall_seconds: float | None
     warning_seconds: float | None
+    # The round's number, if it is a restart whose first step to announce
+    # (0: none).
+    announce: int = 0
 
 
 def _run(
@@ -319,8 +328,18 @@ def _run(
             )
         ended: dict[int, int] = {}
         failed_at = None
+        started, first_step = time.time(), None
         while len(ended) < num_workers:
             now = time.monotonic()
+            if first_step is None and limits.announce:
+                first_step = watch.first_step()
+                if first_step is not None:
+                    print(
+                        f"round {limits.announce}: first step done "
+                        f"{first_step - started:.1f} s after the workers "
+                        "started",
+                        flush=True,
+                    )
             if limits.deadline is not None and now > limits.deadline:
                 break
             if failed_at is not None and now - failed_at > limits.grace_seconds:

@@ -285,6 +285,11 @@ def test_a_worker_without_heartbeats_fails_its_round(capsys):
     out = captured.out.splitlines()
     assert "restart 1: 2 workers" in out
     assert "[worker 1] round 1 task 1 watched True" in out
+    # The restart's first heartbeat comes within a second of its start.
+    (first,) = [line for line in out if line.startswith("round 1: first")]
+    seconds = float(first.split("done ")[1].split(" s after")[0])
+    assert 0 <= seconds < 5, first
+    assert first.endswith(" s after the workers started")
 
 
 def test_unwatched_workers_have_no_heartbeat_file(capsys):

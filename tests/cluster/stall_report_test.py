@@ -112,6 +112,19 @@ def test_the_watch_reports_once_per_stall_and_stalls_after_its_limit(capsys):
     assert not os.path.exists(folder)
 
 
+def test_the_first_step_is_the_earliest_first_heartbeat():
+    watch = HeartbeatWatch(stall_seconds=20.0, warning_seconds=None)
+    paths = [watch.env(t)[heartbeat.HEARTBEAT_VARIABLE] for t in range(2)]
+    try:
+        assert watch.first_step() is None  # Both still start up.
+        os.utime(paths[1], (1000.0, 1000.0))
+        assert watch.first_step() == 1000.0
+        os.utime(paths[0], (900.0, 900.0))
+        assert watch.first_step() == 900.0
+    finally:
+        watch.close()
+
+
 def test_unwatched_the_watch_makes_no_files():
     watch = HeartbeatWatch(None, None)
     assert watch.env(0) == {}

@@ -99,6 +99,16 @@ class HeartbeatWatch:
         over = [t for t, q in quiet.items() if q > self.stall_seconds]
         return over[0] if over else None
 
+    def first_step(self) -> float | None:
+        """When (time.time()) a worker of the round first sent a heartbeat:
+        its first step since it started; None before that."""
+        beats = []
+        for path in self._files.values():
+            with contextlib.suppress(FileNotFoundError):
+                beats.append(os.stat(path).st_mtime)
+        started = [b for b in beats if b]
+        return min(started) if started else None
+
     def _quiet_for(self, ended: Mapping[int, int]) -> dict[int, float]:
         """For each running worker watched, the seconds since its last
         progress, if it is more than the least limit."""

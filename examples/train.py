@@ -193,6 +193,7 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
         timeline_step=v.timeline_step,
         worker=train_flags.worker_rank(values),
         num_workers=train_flags.num_workers_of(values),
+        uneven_data=v.uneven_data,
     )
 
 

@@ -16,7 +16,9 @@ that fit in memory.
 
 Every step's global batch is a function of the step number alone (a
 permutation per epoch, from the seed), so a job restarted from a checkpoint
-continues with the batches it would have seen.
+continues with the batches it would have seen. With --uneven_data the last
+worker's data ends early, at a step fixed by the job's length
+(`uneven_stop`), so a restart sees the same data then too.
 """
 
 from __future__ import annotations
@@ -220,6 +222,30 @@ def dataset(
     return _examples(data, rows)
 
 
+def uneven_stop(steps: int, fraction: float) -> int:
+    """With --uneven_data=`fraction`: the last worker's data covers steps
+    [0, uneven_stop) of a job of `steps` steps (that fraction, rounded, at
+    least one step); from then on it gets empty batches.
+
+    >>> uneven_stop(400, 0.5), uneven_stop(10, 0.3), uneven_stop(3, 0.01)
+    (200, 3, 1)
+    """
+    return max(1, round(fraction * steps))
+
+
+def uneven_note(steps: int, fraction: float, num_workers: int) -> str:
+    """The summary's line for --uneven_data.
+
+    >>> print(uneven_note(6, 0.5, 2))
+    uneven data: worker 1 (the last) has 3 of the others' 6 batches (50%)
+    """
+    held = uneven_stop(steps, fraction)
+    return (
+        f"uneven data: worker {num_workers - 1} (the last) has {held} of "
+        f"the others' {steps} batches ({held / steps:.0%})"
+    )
+
+
 def replica_dataset(
     data: Data,
     global_batch: int,
@@ -228,9 +254,12 @@ def replica_dataset(
     stop: int,
     context: tf.distribute.InputContext,
     micro_steps: int = 1,
+    last_stop: int | None = None,
 ) -> tf.data.Dataset:
     """One input pipeline's share of steps [start, stop): for
-    `strategy.distribute_datasets_from_function`.
+    `strategy.distribute_datasets_from_function`. With `last_stop`
+    (--uneven_data, `uneven_stop`), the last pipeline's share ends before
+    step `last_stop`: it has fewer batches than the others, or none.
 
     Each global batch is split into `micro_steps` micro-batches, and each
     micro-batch into one slice per replica of the job, in order: replica
@@ -254,6 +283,9 @@ def replica_dataset(
     first = context.input_pipeline_id * local
     per_replica = global_batch // (micro_steps * replicas)
     rows = batch_indices(data.num_train, global_batch, seed, start, stop)
+    last = context.input_pipeline_id == context.num_input_pipelines - 1
+    if last_stop is not None and last:
+        rows = rows[: max(0, last_stop - start)]
     slices = rows.reshape(-1, replicas, per_replica)
     return _examples(
         data, slices[:, first : first + local].reshape(-1, per_replica)

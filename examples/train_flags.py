@@ -398,6 +398,22 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         "from it. Empty: a new temporary folder.",
         flag_values=fv,
     )
+    d.DEFINE_float(
+        "uneven_data",
+        None,
+        "A fraction in (0, 1]: the job's last worker (the highest task "
+        "index; task 1 of the 2 local workers) holds only this fraction of "
+        "the other workers' batches, the job's first ones (rounded, at "
+        "least 1); once its data runs out its replicas get empty "
+        "batches and the others train on, each step's loss averaged over "
+        "the examples present (tf_crossdevice.training.AverageOverExamples "
+        "in fit, compute_average_loss in the custom loop). --mode="
+        "collective, 2 or more workers. Unset: every worker has every "
+        "step's data.",
+        lower_bound=0.0,
+        upper_bound=1.0,
+        flag_values=fv,
+    )
     d.DEFINE_integer(
         "seed",
         0,
@@ -894,6 +910,67 @@ def check_flags(v: dict[str, Any]) -> None:
             f"replicas ({how}); use a multiple of {replicas * k}"
         )
     _check_timeline(v)
+    _check_uneven_data(v)
+
+
+def _check_uneven_data(v: dict[str, Any]) -> None:
+    """--uneven_data."""
+    fraction, mode = v["uneven_data"], v["mode"]
+    if fraction is None:
+        return
+    if fraction == 0:
+        raise flags.ValidationError(
+            "--uneven_data: 0 would leave the last worker no data; expected "
+            "a fraction in (0, 1]"
+        )
+    if mode != "collective":
+        raise flags.ValidationError(
+            "--uneven_data: gives the workers of --mode=collective different "
+            f"amounts of data; got --mode={mode}"
+        )
+    if class_of(v) == BASELINE:
+        raise flags.ValidationError(
+            f"--uneven_data: --cross_device_ops={BASELINE} is TensorFlow's "
+            "own strategy, which does not agree on the workers' number of "
+            "batches; expected one of "
+            + ", ".join(c for c in CLASSES[mode] if c != BASELINE)
+        )
+    if num_workers_of(v) < 2:
+        raise flags.ValidationError(
+            "--uneven_data: needs 2 or more workers (the last one holds "
+            f"less data); this job has {num_workers_of(v)}"
+        )
+    k = v["accumulation_steps"]
+    if k > 1:
+        raise flags.ValidationError(
+            f"--uneven_data: the loss of --accumulation_steps={k} divides "
+            "by every micro-batch's full size; expected "
+            "--accumulation_steps=1 (with --loop=fit or custom)"
+        )
+    if loop_of(v) != "fit":
+        return
+    # model.fit first reduces a batch of every replica, which fails on the
+    # empty batches of a worker whose data ran out: no fit call may start
+    # after that (train_loops.fit_epochs: one at each restart, and one for
+    # the steps after the last multiple of --log_every).
+    if v["max_restarts"]:
+        raise flags.ValidationError(
+            "--uneven_data: a restart resumes model.fit, which fails once "
+            "the last worker's data ran out; with --max_restarts use "
+            "--loop=custom"
+        )
+    import train_data
+
+    steps, every = v["steps"], v["log_every"]
+    tail = steps - steps % every
+    stop = train_data.uneven_stop(steps, fraction)
+    if v["epochs"] == 0 and steps % every and stop <= tail:
+        raise flags.ValidationError(
+            f"--uneven_data: with --loop=fit, model.fit starts again at step "
+            f"{tail} (--steps={steps} is not a multiple of --log_every="
+            f"{every}), after the last worker's data ends at step {stop}; "
+            "make --steps a multiple of --log_every, or use --loop=custom"
+        )
 
 
 def _check_timeline(v: dict[str, Any]) -> None:

@@ -46,6 +46,7 @@ from tf_crossdevice import launch
 
 MOMENTUM = 0.9
 _EVAL_BATCH = 256
+_MEAN_LOSS = "mean_loss"  # model.fit's loss metric with --uneven_data.
 
 
 @dataclasses.dataclass
@@ -80,6 +81,9 @@ class Config:
     timeline_step: int = 0
     worker: int = 0
     num_workers: int = 1
+    # --uneven_data: the last worker's data ends early
+    # (train_data.uneven_stop; None: every worker has every step's data).
+    uneven_data: float | None = None
 
 
 def build_model(config: Config, data: train_data.Data) -> keras.Model:
@@ -157,10 +161,7 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         if config.loop == "fit":
             model.compile(
                 optimizer=optimizer,
-                loss=keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True
-                ),
-                metrics=["accuracy"],
+                **_fit_loss_and_metrics(config),
                 jit_compile=False,
             )
     checkpoint = tf.train.Checkpoint(
@@ -221,10 +222,15 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         if is_chief:
             print(f"checkpoint saved at step {step}", flush=True)
 
+    last_stop = None
+    if config.uneven_data is not None:
+        last_stop = train_data.uneven_stop(config.steps, config.uneven_data)
+
     def dataset(first: int, stop: int, micro_steps: int = 1) -> Any:
         return _distributed(
-            strategy, data, global_batch, config.seed, first, stop, micro_steps
-        )
+            strategy, data, global_batch, config.seed, first, stop,
+            micro_steps, last_stop,
+        )  # fmt: skip
 
     stopped = None
     if start < config.steps:
@@ -269,6 +275,13 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         parts = _time_parts(strategy, model, config, data, reporter)
     if not is_chief:
         _remove_scratch(save_dir)
+    notes = []
+    if config.uneven_data is not None:
+        notes.append(
+            train_data.uneven_note(
+                config.steps, config.uneven_data, config.num_workers
+            )
+        )
     return train_report.summary(
         reporter,
         eval_accuracy,
@@ -278,7 +291,34 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         train_report.weights_digest(weights),
         config.model_dir,
         parts,
+        notes,
     )
+
+
+def _fit_loss_and_metrics(config: Config) -> dict[str, Any]:
+    """model.compile's loss and metrics.
+
+    With --uneven_data the loss divides by the examples present (Keras's
+    own divide by every replica's full batch, also the empty batches of a
+    worker whose data ran out), and the progress lines read the loss from
+    the metric `_MEAN_LOSS`: Keras's loss tracker scales each replica's
+    loss up by the replica count, weighted by its batch, which overstates
+    the steps where some replicas' batches are empty.
+    """
+    if config.uneven_data is None:
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return {"loss": loss, "metrics": ["accuracy"]}
+    return {
+        "loss": tf_crossdevice.training.AverageOverExamples(
+            _loss_fn(), name="sparse_categorical_crossentropy"
+        ),
+        "metrics": [
+            "accuracy",
+            keras.metrics.SparseCategoricalCrossentropy(
+                name=_MEAN_LOSS, from_logits=True
+            ),
+        ],
+    }
 
 
 def _can_time(config, reporter, verbose: bool) -> bool:
@@ -356,8 +396,9 @@ def _time_parts(strategy, model, config, data, reporter):
 
 
 def _distributed(
-    strategy, data, global_batch, seed, start, stop, micro_steps=1
-):
+    strategy, data, global_batch, seed, start, stop, micro_steps=1,
+    last_stop=None,
+):  # fmt: skip
     """Steps [start, stop) under `strategy`, each input pipeline building
     only its own replicas' examples (train_data.replica_dataset), then the
     same steps again without end: callers take the steps they need.
@@ -367,12 +408,20 @@ def _distributed(
     data (for a last partial batch): a collective that makes every worker
     wait for the slowest before its step can start. Over an endless one it
     does not.
+
+    With `last_stop` (--uneven_data) the datasets end instead, the last
+    worker's before step `last_stop`: that check is what hands its
+    replicas empty batches while the others train on.
     """
-    return strategy.distribute_datasets_from_function(
-        lambda context: train_data.replica_dataset(
-            data, global_batch, seed, start, stop, context, micro_steps
-        ).repeat()
-    )
+
+    def dataset_fn(context):
+        dataset = train_data.replica_dataset(
+            data, global_batch, seed, start, stop, context, micro_steps,
+            last_stop,
+        )  # fmt: skip
+        return dataset if last_stop is not None else dataset.repeat()
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def _remove_scratch(save_dir: str) -> None:
@@ -420,7 +469,14 @@ def _fit(
 ) -> int | None:
     """model.fit, one Keras epoch per progress line (`fit_epochs`); the
     step it stopped at when preempted, else None. `timeline` profiles its
-    step."""
+    step.
+
+    Raises:
+        ValueError: with --uneven_data, a fit call would start after the
+            last worker's data ran out (model.fit first reduces a batch of
+            every replica, which fails on an empty one).
+    """
+    loss_key = "loss" if config.uneven_data is None else _MEAN_LOSS
 
     class Progress(keras.callbacks.Callback):
         step = start
@@ -446,7 +502,7 @@ def _fit(
             # A preempted epoch ends between the two: saved, not reported.
             if self.step % config.log_every == 0 or self.step == config.steps:
                 reporter.record(
-                    self.step, float(logs["loss"]), float(logs["accuracy"])
+                    self.step, float(logs[loss_key]), float(logs["accuracy"])
                 )
             save(self.step)
 
@@ -454,6 +510,15 @@ def _fit(
     for first, epochs, steps_per_epoch in fit_epochs(
         start, config.steps, config.log_every
     ):
+        if config.uneven_data is not None:
+            last_stop = train_data.uneven_stop(config.steps, config.uneven_data)
+            if first >= last_stop:
+                raise ValueError(
+                    f"--uneven_data: model.fit would start at step {first}, "
+                    f"after the last worker's data ended at step {last_stop}; "
+                    "Keras first reduces a batch of every replica, which "
+                    "fails on an empty one: resume with --loop=custom"
+                )
         model.fit(
             dataset(first, config.steps),
             epochs=epochs,
@@ -548,30 +613,39 @@ def _custom_loop(
 ) -> Iterator[tuple[Any, Any]]:
     """strategy.run steps on `batches` (a distributed dataset, one element
     per step); the optimizer all-reduces the gradients. Each step's summed
-    loss and correct count, as the steps run."""
+    loss and correct count, as the steps run; with --uneven_data also its
+    examples (fewer once a worker's data ran out)."""
     loss_fn = _loss_fn()
     global_batch = config.batch_size
+    uneven = config.uneven_data is not None
 
     def replica_step(images, labels):
         with tf.GradientTape() as tape:
             logits = model(images, training=True)
-            loss = tf.nn.compute_average_loss(
-                loss_fn(labels, logits), global_batch_size=global_batch
-            )
+            if uneven:  # Over the examples there: some batches are empty.
+                loss = tf_crossdevice.training.compute_average_loss(
+                    loss_fn(labels, logits)
+                )
+            else:
+                loss = tf.nn.compute_average_loss(
+                    loss_fn(labels, logits), global_batch_size=global_batch
+                )
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(
             zip(grads, model.trainable_variables, strict=True)
         )
         guesses = tf.cast(tf.argmax(logits, axis=1), labels.dtype)
         correct = tf.reduce_sum(tf.cast(guesses == labels, tf.float32))
-        # One reduction for both, not a collective each.
+        # One reduction for all, not a collective each.
+        if uneven:
+            examples = tf.cast(tf.size(labels), tf.float32)
+            return tf.stack([loss, correct, examples])
         return tf.stack([loss, correct])
 
     @tf.function
     def step(inputs):
         totals = strategy.run(replica_step, args=inputs)
-        loss, correct = tf.unstack(strategy.reduce("sum", totals, axis=None))
-        return loss, correct
+        return tuple(tf.unstack(strategy.reduce("sum", totals, axis=None)))
 
     return (step(inputs) for inputs in batches)
 
@@ -654,26 +728,26 @@ def _log_and_save(
     save: Callable[[int], None],
     watcher: tf_crossdevice.training.PreemptionWatcher,
 ) -> int | None:
-    """Runs `steps` (each gives the step's summed loss and correct count)
-    from step `start`: a progress line every `log_every` steps and at the
-    end, each followed by `save(step)`. Once `watcher` says stop, saves
-    and returns that step (before the end); else returns None."""
-    losses, correct = [], 0.0
+    """Runs `steps` (each gives the step's summed loss and correct count,
+    and its examples where they may be fewer than `global_batch`) from step
+    `start`: a progress line every `log_every` steps and at the end, each
+    followed by `save(step)`. Once `watcher` says stop, saves and returns
+    that step (before the end); else returns None."""
+    losses, correct, examples = [], 0.0, 0.0
     step_number = start
-    for loss, right in steps:
+    for loss, right, *present in steps:
         losses.append(float(loss))
         correct += float(right)
+        examples += float(present[0]) if present else global_batch
         step_number += 1
         reporter.step_done()
         tf_crossdevice.cluster.heartbeat(step_number)  # --stall_seconds
         saved = False
         if step_number % config.log_every == 0 or step_number == config.steps:
             reporter.record(
-                step_number,
-                float(np.mean(losses)),
-                correct / (len(losses) * global_batch),
+                step_number, float(np.mean(losses)), correct / examples
             )
-            losses, correct = [], 0.0
+            losses, correct, examples = [], 0.0, 0.0
             save(step_number)
             saved = True
         if step_number < config.steps and watcher.should_stop():

@@ -181,9 +181,11 @@ def summary(
     digest: str,
     model_dir: str,
     parts: train_timing.Parts | None = None,
+    notes: Sequence[str] = (),
 ) -> str:
     """The closing block, like tf_cnn_benchmarks' (total images/sec), with
-    the step's parts when they were timed."""
+    the step's parts when they were timed and `notes` on the run's
+    data."""
     rate, steps, seconds = reporter.total_rate()
     equal = "yes" if replicas_equal else "NO"
     return "\n".join(
@@ -191,6 +193,7 @@ def summary(
             RULE,
             f"trained {reporter.steps_trained} steps in this run, from step "
             f"{reporter.start_step}",
+            *notes,
             f"total examples/s: {rate:.1f} ({steps} steps x "
             f"{reporter.global_batch} examples in {seconds:.1f} s, after "
             "the first step)",

@@ -353,6 +353,50 @@ def test_the_defaults_are_the_main_job():
             r"--num_workers: with --rescale=per_replica, the full cluster's "
             r"worker count; this cluster has 3, more than 2",
         ),
+        (
+            {"uneven_data": 0.0},
+            r"--uneven_data: 0 would leave the last worker no data; "
+            r"expected a fraction in \(0, 1\]",
+        ),
+        (
+            {"uneven_data": 0.5, "mode": "mirrored", "loop": "custom"},
+            r"--uneven_data: gives the workers of --mode=collective "
+            r"different amounts of data; got --mode=mirrored",
+        ),
+        (
+            {"uneven_data": 0.5, "mode": "in_graph", "loop": "custom"},
+            r"--uneven_data: .* got --mode=in_graph",
+        ),
+        (
+            {
+                "uneven_data": 0.5,
+                "cross_device_ops": "TensorFlow",
+                "devices_per_worker": 1,
+            },
+            r"--uneven_data: --cross_device_ops=TensorFlow is TensorFlow's "
+            r"own strategy.*; expected one of HierarchicalCollectiveAllReduce, "
+            r"CollectiveAllReduce$",
+        ),
+        (
+            {"uneven_data": 0.5, "num_workers": 1},
+            r"--uneven_data: needs 2 or more workers .*; this job has 1",
+        ),
+        (
+            {"uneven_data": 0.5, "loop": "custom", "accumulation_steps": 2},
+            r"--uneven_data: the loss of --accumulation_steps=2 .* expected "
+            r"--accumulation_steps=1",
+        ),
+        (
+            {"uneven_data": 0.5, "max_restarts": 1},
+            r"--uneven_data: a restart resumes model\.fit, .* use "
+            r"--loop=custom",
+        ),
+        (
+            {"uneven_data": 0.5, "steps": 10, "log_every": 4},
+            r"--uneven_data: with --loop=fit, model\.fit starts again at "
+            r"step 8 \(--steps=10 is not a multiple of --log_every=4\), "
+            r"after the last worker's data ends at step 5",
+        ),
     ],
     ids=lambda x: (
         "-".join(f"{k}={v}" for k, v in x.items())[:60]
@@ -584,6 +628,9 @@ def test_good_combinations_pass():
         {"loop": "custom", "accumulation_steps": 4},
         {"mode": "mirrored", "loop": "custom", "accumulation_steps": 2},
         {"cross_device_ops": "TensorFlow", "devices_per_worker": 1},
+        {"uneven_data": 1.0},
+        {"uneven_data": 0.5, "loop": "custom", "max_restarts": 1},
+        {"uneven_data": 0.9, "steps": 10, "log_every": 4},
     ]:  # fmt: skip
         with flagsaver.flagsaver(**overrides):
             train_flags.check_flags(FLAGS.flag_values_dict())
@@ -770,6 +817,33 @@ def test_each_worker_builds_only_its_replicas_examples(micro_steps):
             for g in (2 * worker, 2 * worker + 1)
         ]
         assert labels == [e.tolist() for e in expected]
+
+
+def test_with_uneven_data_the_last_workers_batches_end_early():
+    # 2 workers x 2 replicas, steps [2, 5): the last worker's data ends
+    # before step 4, the other's does not; each has its replicas' slices.
+    def example(index):  # The label is the example's index.
+        return tf.zeros([1, 1, 3]), tf.cast(index, tf.int32)
+
+    data = train_data.Data(1, 2, 12, example, None, None, "")
+    rows = train_data.batch_indices(12, 8, seed=1, start=2, stop=5)
+    for worker, steps in ((0, 3), (1, 2)):
+        context = tf.distribute.InputContext(2, worker, 4)
+        labels = [
+            y.numpy().tolist()
+            for _, y in train_data.replica_dataset(
+                data, 8, 1, 2, 5, context, last_stop=4
+            )
+        ]
+        assert labels == [
+            rows[s][g * 2 : (g + 1) * 2].tolist()
+            for s in range(steps)
+            for g in (2 * worker, 2 * worker + 1)
+        ]
+    # Resumed after the last worker's data ended: it has none.
+    last = tf.distribute.InputContext(2, 1, 4)
+    dataset = train_data.replica_dataset(data, 8, 1, 4, 5, last, last_stop=4)
+    assert list(dataset) == []
 
 
 def test_the_jobs_batches_repeat_so_no_step_waits_for_a_has_data_check():

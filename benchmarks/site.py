@@ -278,6 +278,8 @@ def title(run: records.Run) -> str:
     >>> title(records.Run({}, {}, [g], []))
     "ResNet-50's gradients on 2 emulated hosts at 1gbit"
     """
+    if run.meta.get("title"):  # A record of its own kind says what it is.
+        return str(run.meta["title"])
     workloads = dict.fromkeys(
         _WORKLOADS.get(g.workload, g.workload) for g in run.groups
     )

@@ -172,6 +172,8 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     manager = tf.train.CheckpointManager(checkpoint, save_dir, max_to_keep=2)
     latest = tf.train.latest_checkpoint(config.model_dir)
     if latest:
+        if is_chief:  # What a restart costs: start-up, then the restore.
+            print(f"restoring {latest}", flush=True)
         checkpoint.restore(latest).assert_existing_objects_matched()
     start = int(optimizer.iterations.numpy())
     if is_chief:

@@ -141,7 +141,7 @@ def test_a_stalled_collective_names_the_late_worker_and_the_collective(
     monkeypatch.setattr(sys, "stderr", sys.stdout)
     warning = 2.0
     codes = launch.run_local_job(
-        [sys.executable, "-m", "tests.stall_child", str(2 * warning)],
+        [sys.executable, "-m", "benchmarks.stall_job", str(2 * warning)],
         2,
         stall_warning_seconds=warning,
         timeout_seconds=180,
@@ -152,7 +152,7 @@ def test_a_stalled_collective_names_the_late_worker_and_the_collective(
         for line in capsys.readouterr().out.splitlines()
         if line.startswith(("stall", "[worker 1] late"))
     ]
-    # Task 1 is late into step 3's second all-reduce (tests/stall_child.py)
+    # Task 1 is late into step 3's second all-reduce (benchmarks/stall_job.py)
     # for 2 x stall_warning_seconds: the report comes within that time.
     assert len(lines) == 3
     assert lines[0].startswith("[worker 1] late from ")

@@ -438,12 +438,12 @@ def test_the_main_job_trains_steps_not_a_multiple_of_log_every(tmp_path):
 def test_a_lost_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
     tmp_path, how
 ):
-    """--max_restarts=1: after the first checkpoint worker 1 is killed
-    (SIGKILL), or hangs (SIGSTOP: it neither exits nor fails, and its
-    peer waits in a collective whose timeout is far off, so only the
-    launcher's --stall_seconds sees it); the launcher starts both workers
-    again, they resume from the last checkpoint and end with an
-    uninterrupted run's weights."""
+    """--max_restarts=1: after the first checkpoint the chief (worker 0)
+    is killed (SIGKILL), or worker 1 hangs (SIGSTOP: it neither exits nor
+    fails, and its peer waits in a collective whose timeout is far off,
+    so only the launcher's --stall_seconds sees it); the launcher starts
+    both workers again, they resume from the last checkpoint and end with
+    an uninterrupted run's weights."""
     args = [
         "--model=dense",
         "--depth=1",
@@ -473,11 +473,12 @@ def test_a_lost_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
             lines.append(job.read_line(TIMEOUT))
         workers = psutil.Process(job.pid).children()
         assert len(workers) == 2, workers
-        (lost,) = [w for w in workers if _task_of(w) == 1]
+        task = 0 if how == "killed" else 1
+        (lost,) = [w for w in workers if _task_of(w) == task]
         lost.send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         lines += job.read_all(TIMEOUT)
         if how == "killed":
-            assert "[worker 1] exited with -9" in job.stderr_text()
+            assert "[worker 0] exited with -9" in job.stderr_text()
         else:
             assert re.search(
                 r"\[worker \d\] no heartbeat for 10 s \(stall_seconds\): the "

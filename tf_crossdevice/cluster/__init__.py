@@ -9,15 +9,19 @@ and stops every child process of the package (workers, local jobs, the
 benchmark's sides, test clients); `hosts` builds emulated hosts (network
 namespaces on shaped links). `heartbeat` tells a launcher that watches
 for stalls that this worker makes progress (`end_heartbeats`: no more
-steps); `HeartbeatWatch` is that watch. The launcher's command line is
-`tf_crossdevice.launch`. On several machines, `run_host_agent` is one
-host's launcher: the hosts meet in rounds on an etcd server.
+steps); `HeartbeatWatch` is that watch, and `read_progress` what a
+worker's heartbeat file says (a `Progress`: its step and collective).
+The launcher's command line is `tf_crossdevice.launch`. On several
+machines, `run_host_agent` is one host's launcher: the hosts meet in
+rounds on an etcd server.
 """
 
 from tf_crossdevice._core.heartbeat import (
     HEARTBEAT_VARIABLE,
+    Progress,
     end_heartbeats,
     heartbeat,
+    read_progress,
 )
 from tf_crossdevice.cluster import hosts, processes
 from tf_crossdevice.cluster._agent import run_host_agent
@@ -33,12 +37,14 @@ __all__ = [
     "HEARTBEAT_VARIABLE",
     "HeartbeatWatch",
     "LocalCluster",
+    "Progress",
     "WorkerReplicas",
     "WorkerUnreachableError",
     "end_heartbeats",
     "heartbeat",
     "hosts",
     "processes",
+    "read_progress",
     "run_host_agent",
     "serve",
     "start_local_cluster",

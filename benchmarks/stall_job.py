@@ -1,5 +1,6 @@
-"""A worker of tests/cluster/stall_report_test.py (started by the launcher,
-not pytest): 4 steps of two all-reduces each under
+"""A job whose collective stalls, for the launcher's stall report (run by
+tests/cluster/stall_report_test.py and benchmarks.faults, each worker
+started by the launcher): 4 steps of two all-reduces each under
 `tf_crossdevice.MultiWorkerMirroredStrategy`, a heartbeat after each; in
 step 3, task 1 computes the second all-reduce's input for argv[1] seconds,
 so that task 0 waits in it. Prints "late from T" and "late until T"

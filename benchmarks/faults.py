@@ -452,13 +452,17 @@ def uneven_target() -> Target:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=pathlib.Path, default=RECORD)
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument("--settle_seconds", type=float, default=90.0)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         common = [*JOB_FLAGS, f"--steps={args.steps}"]
         free = run_fault_free(
-            [*common, f"--model_dir={scratch}/free", "--max_restarts=0"]
+            [
+                *common,
+                f"--model_dir={scratch}/free",
+                f"--max_restarts={len(FAULTS)}",
+            ]
         )
         if free.status != 0:
             raise RuntimeError(f"the fault-free job failed: {free.status}")

@@ -763,23 +763,35 @@ def _replicas_equal(strategy: tf.distribute.Strategy, model) -> bool:
     """Whether every replica of every worker holds the same weights.
 
     Each replica hashes its own copy of the weights (their bits, as
-    integers); the hashes are gathered from every replica of every worker.
+    integers) into two numbers below 2**20; one all-reduce sums them and
+    their squares. n numbers are all equal exactly when n times the sum of
+    their squares is the square of their sum, and below 2**20 every one of
+    those sums is exact in float64. An all-reduce, not a gather: a gather
+    of every replica would first meet in a group of every device of every
+    worker, which the job never used before, and whose set-up alone has
+    timed out here at the end of a long run on 4 emulated hosts.
     """
 
-    def replica_hash():
-        total = tf.constant(0.0, tf.float64)
-        for v in model.weights:
-            bits = tf.bitcast(tf.reshape(_value(v), [-1]), tf.int32)
-            weight = tf.cast(tf.range(tf.size(bits)) % 997 + 1, tf.float64)
-            total += tf.reduce_sum(tf.cast(bits, tf.float64) * weight)
-        return tf.reshape(total, [1])
+    def replica_sums():
+        hashes = []
+        for salt in (997, 991):
+            total = tf.constant(0, tf.int64)
+            for v in model.weights:
+                bits = tf.bitcast(tf.reshape(_value(v), [-1]), tf.int32)
+                weight = tf.range(tf.size(bits)) % salt + 1
+                total += tf.reduce_sum(
+                    tf.cast(bits, tf.int64) * tf.cast(weight, tf.int64)
+                )
+            hashes.append(tf.cast(total % (1 << 20), tf.float64))
+        hashes = tf.stack(hashes)
+        return tf.concat([hashes, hashes * hashes, [1.0]], 0)
 
     @tf.function
-    def hashes():
-        return strategy.gather(strategy.run(replica_hash), axis=0)
+    def sums():
+        return strategy.reduce("sum", strategy.run(replica_sums), axis=None)
 
-    values = np.asarray(hashes())
-    return bool(np.all(values == values[0]))
+    total, squares, n = np.split(np.asarray(sums()), [2, 4])
+    return bool(np.all(n[0] * squares == total * total))
 
 
 def train_in_graph(

@@ -72,6 +72,10 @@ __all__ = [
 RESTART_VARIABLE = "TF_CROSSDEVICE_RESTART"
 
 _POLL_SECONDS = 0.05
+# How long the other workers may run after one failed, when another round
+# follows: their own errors then add nothing (the peer is gone), and a
+# worker hung in TensorFlow's abort path would hold the restart back.
+_RESTART_GRACE_SECONDS = 5.0
 
 
 def tf_config_envs(
@@ -165,7 +169,8 @@ def run_local_job(
             `min_workers`).
         timeout_seconds: stop every worker after this long in all (None:
             never); a stopped worker's status is negative (the signal).
-        grace_seconds: how long the others may run after one fails.
+        grace_seconds: how long the others may run after one fails (at
+            most 5 s when a restart follows).
         env: variables set on top of this process's environment.
         echo: print each worker's lines with a "[worker i] " prefix.
         link_rate: run each worker on its own emulated host, on a link of
@@ -222,9 +227,12 @@ def run_local_job(
             members = _members(bed, num_workers, least, rendezvous_seconds)
             if restart:
                 print(_restart_line(restart, members, bed), flush=True)
+            last = restart == max_restarts
             limits = _Limits(
                 deadline,
-                grace_seconds,
+                grace_seconds
+                if last
+                else min(grace_seconds, _RESTART_GRACE_SECONDS),
                 stall_seconds,
                 stall_warning_seconds,
                 announce=restart,

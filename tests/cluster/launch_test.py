@@ -394,3 +394,25 @@ def test_a_rendezvous_that_does_not_answer_ends_the_launcher_with_its_address():
         "); start etcd there (or pass the address of a running one) and "
         "check that this host reaches it\n"
     ), result.stderr
+
+
+# In round 0 task 1 fails at once while task 0 would run for an hour.
+STRANDED_CHILD = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+if int(os.environ["TF_CROSSDEVICE_RESTART"]) == 0:
+    if task == 1:
+        sys.exit(3)
+    time.sleep(3600)
+"""
+
+
+def test_a_round_that_a_restart_follows_stops_the_others_within_5_s(capsys):
+    start = time.monotonic()
+    codes = launch.run_local_job(
+        [sys.executable, "-c", STRANDED_CHILD], 2, max_restarts=1
+    )
+    assert codes == [0, 0]
+    # Not the default 30 s of grace: the restart does not wait for task 0.
+    assert time.monotonic() - start < 20
+    assert "restart 1: 2 workers" in capsys.readouterr().out

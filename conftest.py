@@ -1,7 +1,8 @@
 """Gives every test process 8 logical CPU devices before TensorFlow starts.
 
 Tests use subsets of these (1, 2, 3, 4 and 8 devices); see
-tf_crossdevice.testing. Doctests get `tf`, `np` and `tf_crossdevice`.
+tf_crossdevice.testing. Doctests get `tf`, `np` and `tf_crossdevice`;
+`watched_heartbeat` makes a test's process watched by a launcher.
 """
 
 import json
@@ -25,6 +26,18 @@ testing.request_cpu_devices(8)
 # one is TF 1 code that cannot be imported (--doctest-modules would)
 # before upgrading.
 collect_ignore = ["tests/compat/corpus"]
+
+
+@pytest.fixture
+def watched_heartbeat(tmp_path, monkeypatch) -> pathlib.Path:
+    """A heartbeat file as the launcher makes it (empty, time 0: no
+    heartbeat yet), named in this process's environment: for the test, a
+    launcher watches this process (tf_crossdevice.cluster.heartbeat)."""
+    path = tmp_path / "beat"
+    path.touch()
+    os.utime(path, (0, 0))
+    monkeypatch.setenv(tf_crossdevice.cluster.HEARTBEAT_VARIABLE, str(path))
+    return path
 
 
 @pytest.fixture(autouse=True)

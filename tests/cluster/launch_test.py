@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -304,12 +303,9 @@ def test_unwatched_workers_have_no_heartbeat_file(capsys):
 
 
 def test_heartbeat_sets_the_named_files_time_and_the_end_removes_it(
-    tmp_path, monkeypatch
+    watched_heartbeat, monkeypatch
 ):
-    path = tmp_path / "beat"
-    path.touch()
-    os.utime(path, (0, 0))
-    monkeypatch.setenv(cluster.HEARTBEAT_VARIABLE, str(path))
+    path = watched_heartbeat
     cluster.heartbeat()
     assert abs(path.stat().st_mtime - time.time()) < 60
     path.unlink()

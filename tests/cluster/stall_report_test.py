@@ -17,12 +17,9 @@ from tf_crossdevice.cluster._stall_watch import stall_report
 
 
 def test_a_worker_writes_its_step_and_each_collective_it_enters(
-    tmp_path, monkeypatch
+    watched_heartbeat,
 ):
-    path = tmp_path / "beat"
-    path.touch()
-    os.utime(path, (0, 0))
-    monkeypatch.setenv(heartbeat.HEARTBEAT_VARIABLE, str(path))
+    path = watched_heartbeat
     beats = heartbeat._Beats()
     beats.entering("all_reduce A")
     # Before its first heartbeat the worker starts up: time 0 says so.

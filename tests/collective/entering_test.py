@@ -2,8 +2,6 @@
 heartbeat file (tf_crossdevice.collective._entering): the records run, and
 a collective of several local devices still completes."""
 
-import os
-
 import numpy as np
 import tensorflow as tf
 
@@ -14,12 +12,9 @@ DEVICES = tf_crossdevice.testing.cpu_devices(2)
 
 
 def test_watched_collectives_of_two_devices_complete_and_are_recorded(
-    tmp_path, monkeypatch
+    watched_heartbeat,
 ):
-    path = tmp_path / "beat"
-    path.touch()
-    os.utime(path, (0, 0))
-    monkeypatch.setenv(heartbeat.HEARTBEAT_VARIABLE, str(path))
+    path = watched_heartbeat
     strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
         cross_device_ops=tf_crossdevice.CollectiveAllReduce(
             options=tf.distribute.experimental.CommunicationOptions(

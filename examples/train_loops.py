@@ -264,7 +264,7 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
         return ""
 
     # A gather from every worker: each has written its trace by now.
-    replicas_equal = _replicas_equal(strategy, model)
+    replicas_equal = _replicas_equal(strategy, model, config.timeout_seconds)
     if is_chief:
         timeline.report(start, since_us)
     weights = [np.asarray(v.numpy()) for v in model.weights]
@@ -759,17 +759,18 @@ def _log_and_save(
     return None
 
 
-def _replicas_equal(strategy: tf.distribute.Strategy, model) -> bool:
+def _replicas_equal(
+    strategy: tf.distribute.Strategy, model, timeout_seconds: float
+) -> bool:
     """Whether every replica of every worker holds the same weights.
 
     Each replica hashes its own copy of the weights (their bits, as
     integers) into two numbers below 2**20; one all-reduce sums them and
     their squares. n numbers are all equal exactly when n times the sum of
     their squares is the square of their sum, and below 2**20 every one of
-    those sums is exact in float64. An all-reduce, not a gather: a gather
-    of every replica would first meet in a group of every device of every
-    worker, which the job never used before, and whose set-up alone has
-    timed out here at the end of a long run on 4 emulated hosts.
+    those sums is exact in float64. An all-reduce over the job's usual
+    groups, not a gather from every device of every worker (a group the
+    job never used before).
     """
 
     def replica_sums():
@@ -786,9 +787,18 @@ def _replicas_equal(strategy: tf.distribute.Strategy, model) -> bool:
         hashes = tf.stack(hashes)
         return tf.concat([hashes, hashes * hashes, [1.0]], 0)
 
+    # Not the steps' timeout: the workers leave training at different
+    # times, and on 4 emulated hosts this first collective after it has
+    # waited longer than a 20 s step timeout for the last of them.
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=max(timeout_seconds, 300.0)
+    )
+
     @tf.function
     def sums():
-        return strategy.reduce("sum", strategy.run(replica_sums), axis=None)
+        return strategy.reduce(
+            "sum", strategy.run(replica_sums), axis=None, options=options
+        )
 
     total, squares, n = np.split(np.asarray(sums()), [2, 4])
     return bool(np.all(n[0] * squares == total * total))

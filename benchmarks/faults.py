@@ -456,7 +456,7 @@ def uneven_target() -> Target:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=pathlib.Path, default=RECORD)
-    parser.add_argument("--steps", type=int, default=6000)
+    parser.add_argument("--steps", type=int, default=7500)
     parser.add_argument("--settle_seconds", type=float, default=90.0)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:

@@ -518,11 +518,13 @@ def _task_of(process: psutil.Process) -> int | None:
 
 @pytest.mark.slow
 def test_a_restart_runs_on_the_hosts_still_answering(tmp_path):
-    """3 emulated hosts, --min_workers=2: host 2 goes off the network after
-    the first checkpoint; the workers' collectives time out, and the
-    restart trains the rest on hosts 0 and 1. --rescale=per_replica keeps
-    each replica's 2 examples: the global batch goes from 12 to 8 and the
-    learning rate from 0.3 to 0.2."""
+    """3 emulated hosts, --min_workers=2, under
+    HierarchicalCollectiveAllReduce (whose abort path has crashed after a
+    cut link: with the launcher a crash is a restart): host 2 goes off the
+    network after the first checkpoint; the workers' collectives time out,
+    and the restart trains the rest on hosts 0 and 1. --rescale=per_replica
+    keeps each replica's 2 examples: the global batch goes from 12 to 8
+    and the learning rate from 0.3 to 0.2."""
     with start(
         "--model=dense",
         "--depth=1",
@@ -537,6 +539,7 @@ def test_a_restart_runs_on_the_hosts_still_answering(tmp_path):
         "--min_workers=2",
         "--max_restarts=1",
         "--rescale=per_replica",
+        "--cross_device_ops=HierarchicalCollectiveAllReduce",
         "--learning_rate=0.3",
         "--link_rate=1gbit",
         f"--model_dir={tmp_path}",

@@ -794,10 +794,14 @@ def _replicas_equal(
         timeout_seconds=max(timeout_seconds, 300.0)
     )
 
+    # TensorFlow's strategies take no options in reduce.
+    ours = isinstance(strategy, tf_crossdevice.MultiWorkerMirroredStrategy)
+    extra = {"options": options} if ours else {}
+
     @tf.function
     def sums():
         return strategy.reduce(
-            "sum", strategy.run(replica_sums), axis=None, options=options
+            "sum", strategy.run(replica_sums), axis=None, **extra
         )
 
     total, squares, n = np.split(np.asarray(sums()), [2, 4])

@@ -53,6 +53,7 @@ from collections.abc import Callable, Sequence
 import psutil
 
 from benchmarks.records import Run, Target
+from tf_crossdevice import launch
 from tf_crossdevice.cluster import HEARTBEAT_VARIABLE, processes, read_progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -396,8 +397,6 @@ def stall_target(warning: float = 2.0) -> Target:
     """A collective stalled for 2 x `warning`: the launcher's report must
     name task 1 (the late one) and step 3's second collective within that
     time (benchmarks.stall_job)."""
-    from tf_crossdevice import launch
-
     with (
         tempfile.TemporaryFile("w+") as out,
         contextlib.redirect_stdout(out),

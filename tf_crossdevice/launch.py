@@ -365,22 +365,10 @@ def _run(
             for i, child in enumerate(children):
                 if i in ended:
                     continue
-                try:
-                    line = child.next_line()
-                    while line is not None:
-                        if echo:
-                            print(f"[worker {i}] {line}", flush=True)
-                        line = child.next_line()
-                except _processes.ChildError:
-                    ended[i] = child.wait(timeout=60)
-                    if ended[i] != 0:
-                        if echo:
-                            print(
-                                f"[worker {i}] exited with {ended[i]}:\n"
-                                f"{child.stderr_text(3000)}",
-                                file=sys.stderr,
-                                flush=True,
-                            )
+                status = child.echo(f"[worker {i}] " if echo else None)
+                if status is not None:
+                    ended[i] = status
+                    if status != 0:
                         failed_at = failed_at or now
             time.sleep(_POLL_SECONDS)
     finally:

@@ -258,7 +258,7 @@ class _Worker:
     ) -> int | None:
         """The worker's status once it ended (exited, or stopped after it
         stalled), published to the round: done, or its failure."""
-        status = self._echo(child, index)
+        status = child.echo(f"[worker {index}] " if self.echo else None)
         failure = None
         if status is not None and status != 0:
             failure = _rendezvous.Failure(
@@ -277,23 +277,3 @@ class _Worker:
         elif failure is not None:
             meeting.fail(number, failure)
         return status
-
-    def _echo(self, child: _processes.Child, index: int) -> int | None:
-        """Echoes the lines the worker printed; its status once it ended."""
-        try:
-            line = child.next_line()
-            while line is not None:
-                if self.echo:
-                    print(f"[worker {index}] {line}", flush=True)
-                line = child.next_line()
-        except _processes.ChildError:
-            status = child.wait(timeout=60)
-            if status != 0 and self.echo:
-                print(
-                    f"[worker {index}] exited with {status}:\n"
-                    f"{child.stderr_text(3000)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            return status
-        return None

@@ -258,6 +258,29 @@ class Child:
         """
         return self._next_line(time.monotonic() + timeout if timeout else None)
 
+    def echo(self, prefix: str | None) -> int | None:
+        """Prints the lines the child printed since the last call, each
+        after `prefix` (None: reads them, prints nothing); once its stdout
+        ended, its exit status, and for a status other than 0 a line
+        "<prefix>exited with S:" and its stderr's tail, on stderr. None
+        while it runs. The launchers echo their workers with it."""
+        try:
+            line = self.next_line()
+            while line is not None:
+                if prefix is not None:
+                    print(f"{prefix}{line}", flush=True)
+                line = self.next_line()
+        except ChildError:
+            status = self.wait(timeout=60)
+            if status != 0 and prefix is not None:
+                print(
+                    f"{prefix}exited with {status}:\n{self.stderr_text(3000)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return status
+        return None
+
     def read_line(self, timeout: float) -> str:
         """The next line the child printed, without its newline.
 

@@ -163,7 +163,7 @@ def load_data(v: Any) -> Any:
     if v.data_dir:
         return train_data.from_directory(v.data_dir, v.image_size, v.seed)
     return train_data.synthetic(
-        v.image_size, v.num_classes, v.num_examples, v.seed
+        v.image_size, v.num_classes, v.num_examples, v.seed, v.eval_examples
     )
 
 
@@ -183,6 +183,7 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
         batch_size=train_flags.global_batch_of(values),
         accumulation_steps=v.accumulation_steps,
         learning_rate=train_flags.learning_rate_of(values),
+        lr_schedule=v.lr_schedule,
         log_every=v.log_every,
         seed=v.seed,
         model_dir=v.model_dir,

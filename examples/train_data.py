@@ -60,9 +60,14 @@ class Data:
 
 
 def synthetic(
-    image_size: int, num_classes: int, num_train: int, seed: int
+    image_size: int,
+    num_classes: int,
+    num_train: int,
+    seed: int,
+    eval_examples: int = _EVAL_EXAMPLES,
 ) -> Data:
-    """The synthetic teacher task; examples >= num_train are held out."""
+    """The synthetic teacher task; `eval_examples` examples past the
+    training ones (and the 2048 that fix the label's scale) are held out."""
     rng = np.random.default_rng(seed)
     filters = 2 * num_classes
     conv = tf.constant(rng.normal(size=(3, 3, 3, filters)), tf.float32)
@@ -96,7 +101,7 @@ def synthetic(
         return x, tf.cast(label, tf.int32)
 
     eval_index = tf.range(
-        num_train + 2048, num_train + 2048 + _EVAL_EXAMPLES, dtype=tf.int64
+        num_train + 2048, num_train + 2048 + eval_examples, dtype=tf.int64
     )
     eval_images = images(eval_index)
     eval_labels = tf.argmax((raw_logits(eval_images) - mean) / std, axis=1)

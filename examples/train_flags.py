@@ -133,6 +133,15 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         lower_bound=1,
         flag_values=fv,
     )
+    d.DEFINE_integer(
+        "eval_examples",
+        1024,
+        "Held-out examples of the synthetic task the chief scores at the "
+        "end (the standard error of the accuracy shrinks with the root of "
+        "this: 0.7 points at 1024 and 94%).",
+        lower_bound=1,
+        flag_values=fv,
+    )
     d.DEFINE_enum(
         "job_name",
         None,
@@ -341,6 +350,16 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         0.1,
         "SGD learning rate (momentum 0.9).",
         lower_bound=0.0,
+        flag_values=fv,
+    )
+    d.DEFINE_enum(
+        "lr_schedule",
+        "constant",
+        ["constant", "cosine"],
+        "constant: --learning_rate throughout; cosine: from --learning_rate "
+        "down to 0 at the last step, a function of the optimizer's step, "
+        "so a restart resumes it where the checkpoint left it "
+        "(--mode=collective or mirrored).",
         flag_values=fv,
     )
     d.DEFINE_integer(
@@ -768,6 +787,11 @@ def check_flags(v: dict[str, Any]) -> None:
             "--max_restarts: restarts the workers the job starts itself: "
             "--mode=collective without --job_name (for a worker you start, "
             "python -m tf_crossdevice.launch --max_restarts=K -- ...)"
+        )
+    if v["lr_schedule"] != "constant" and mode == "in_graph":
+        raise flags.ValidationError(
+            f"--lr_schedule={v['lr_schedule']}: the in-graph step applies "
+            "a constant rate; use --mode=collective or mirrored"
         )
     if v["rescale"] == "per_replica":
         if mode != "collective":

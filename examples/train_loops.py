@@ -84,6 +84,18 @@ class Config:
     # --uneven_data: the last worker's data ends early
     # (train_data.uneven_stop; None: every worker has every step's data).
     uneven_data: float | None = None
+    # --lr_schedule: "constant" or "cosine" (to 0 at `steps`).
+    lr_schedule: str = "constant"
+
+
+def _learning_rate(config: Config) -> Any:
+    """The optimizer's rate: a number, or a schedule of its step (which the
+    checkpoint restores, so a restarted job goes on down the same curve)."""
+    if config.lr_schedule == "cosine":
+        return keras.optimizers.schedules.CosineDecay(
+            config.learning_rate, config.steps
+        )
+    return config.learning_rate
 
 
 def build_model(config: Config, data: train_data.Data) -> keras.Model:
@@ -155,7 +167,7 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     with strategy.scope():
         model = build_model(config, data)
         optimizer = keras.optimizers.SGD(
-            config.learning_rate, momentum=MOMENTUM
+            _learning_rate(config), momentum=MOMENTUM
         )
         optimizer.build(model.trainable_variables)
         if config.loop == "fit":

@@ -8,6 +8,7 @@ status 1 and that message alone; examples_test.py runs one such command.
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import importlib
 import itertools
@@ -352,6 +353,11 @@ def test_the_defaults_are_the_main_job():
             },
             r"--num_workers: with --rescale=per_replica, the full cluster's "
             r"worker count; this cluster has 3, more than 2",
+        ),
+        (
+            {"lr_schedule": "cosine", "mode": "in_graph"},
+            r"--lr_schedule=cosine: the in-graph step applies a constant "
+            r"rate; use --mode=collective or mirrored",
         ),
         (
             {"uneven_data": 0.0},
@@ -916,6 +922,31 @@ def test_synthetic_batches_from_the_table_are_those_made_per_batch(
     for (x, y), (x2, y2) in zip(table, per_batch, strict=True):
         np.testing.assert_array_equal(x.numpy(), x2.numpy())
         np.testing.assert_array_equal(y.numpy(), y2.numpy())
+
+
+def test_eval_examples_sets_the_held_out_set():
+    data = train_data.synthetic(8, 4, num_train=64, seed=0, eval_examples=300)
+    assert data.eval_images.shape == (300, 8, 8, 3)
+    # The first 300 of the default 1024: the same examples, the same labels.
+    default = train_data.synthetic(8, 4, num_train=64, seed=0)
+    np.testing.assert_array_equal(data.eval_labels, default.eval_labels[:300])
+
+
+def test_the_cosine_schedule_falls_from_the_rate_to_0_at_the_last_step():
+    import train_loops
+
+    config = train_loops.Config(
+        loop="custom", model="dense", depth=1, width=8, steps=4,
+        batch_size=16, learning_rate=0.1, log_every=2, seed=0,
+        model_dir="", timeout_seconds=60.0, lr_schedule="cosine",
+    )  # fmt: skip
+    schedule = train_loops._learning_rate(config)
+    # 0.1 x (1 + cos(pi x step / 4)) / 2.
+    want = [0.1, 0.0853553, 0.05, 0.0146447, 0.0]
+    got = [float(schedule(step)) for step in range(5)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    constant = dataclasses.replace(config, lr_schedule="constant")
+    assert train_loops._learning_rate(constant) == 0.1
 
 
 def test_synthetic_labels_come_from_the_teacher_and_use_every_class():

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import functools
 import json
 import os
@@ -466,6 +467,9 @@ def main(argv: list[str]) -> int:
     if v.mode == "collective":
         if job is None:
             return launch_collective(v)
+        # A launcher that stops this worker for a stall asks first where
+        # its threads wait (SIGUSR1), and prints the answer.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         return run_collective_worker(v)
     cluster, _ = cluster_of(v.flag_values_dict())
     if job is None:

@@ -74,8 +74,9 @@ RESTART_VARIABLE = "TF_CROSSDEVICE_RESTART"
 _POLL_SECONDS = 0.05
 # How long the other workers may run after one failed, when another round
 # follows: their own errors then add nothing (the peer is gone), and a
-# worker hung in TensorFlow's abort path would hold the restart back.
-_RESTART_GRACE_SECONDS = 5.0
+# worker hung in TensorFlow's abort path would hold the restart back, and
+# one waiting in a collective with the lost peer cannot finish anything.
+_RESTART_GRACE_SECONDS = 1.0
 
 
 def tf_config_envs(
@@ -170,7 +171,7 @@ def run_local_job(
         timeout_seconds: stop every worker after this long in all (None:
             never); a stopped worker's status is negative (the signal).
         grace_seconds: how long the others may run after one fails (at
-            most 5 s when a restart follows).
+            most 1 s when a restart follows).
         env: variables set on top of this process's environment.
         echo: print each worker's lines with a "[worker i] " prefix.
         link_rate: run each worker on its own emulated host, on a link of
@@ -361,6 +362,7 @@ def _run(
                     file=sys.stderr,
                     flush=True,
                 )
+                _print_stacks(children[stalled], stalled)
                 break
             for i, child in enumerate(children):
                 if i in ended:
@@ -378,6 +380,19 @@ def _run(
         ended.get(i, child.process.returncode)
         for i, child in enumerate(children)
     ]
+
+
+def _print_stacks(child: _processes.Child, task: int) -> None:
+    """A stalled worker's Python stacks, on stderr, if it prints them on
+    SIGUSR1 (the example job registers `faulthandler` for it): where a
+    hang outside any collective waits."""
+    stacks = child.python_stacks().strip()
+    if stacks:
+        print(
+            f"[worker {task}] its Python threads when it stalled:\n{stacks}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def parse_num_workers(text: str) -> tuple[int, int]:

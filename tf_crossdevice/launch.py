@@ -362,7 +362,7 @@ def _run(
                     file=sys.stderr,
                     flush=True,
                 )
-                _print_stacks(children[stalled], stalled)
+                watch.print_stacks(children[stalled], stalled)
                 break
             for i, child in enumerate(children):
                 if i in ended:
@@ -380,19 +380,6 @@ def _run(
         ended.get(i, child.process.returncode)
         for i, child in enumerate(children)
     ]
-
-
-def _print_stacks(child: _processes.Child, task: int) -> None:
-    """A stalled worker's Python stacks, on stderr, if it prints them on
-    SIGUSR1 (the example job registers `faulthandler` for it): where a
-    hang outside any collective waits."""
-    stacks = child.python_stacks().strip()
-    if stacks:
-        print(
-            f"[worker {task}] its Python threads when it stalled:\n{stacks}",
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 def parse_num_workers(text: str) -> tuple[int, int]:

@@ -23,16 +23,23 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Mapping
+
+import psutil
 
 from tf_crossdevice._core.heartbeat import (
     HEARTBEAT_VARIABLE,
     Progress,
     read_progress,
 )
+from tf_crossdevice.cluster import processes
+
+# How long a stalled worker has to print its stacks before it is stopped.
+_STACKS_SECONDS = 2.0
 
 
 class HeartbeatWatch:
@@ -98,6 +105,28 @@ class HeartbeatWatch:
             return None
         over = [t for t, q in quiet.items() if q > self.stall_seconds]
         return over[0] if over else None
+
+    @staticmethod
+    def print_stacks(child: processes.Child, task: int) -> None:
+        """Worker `task`'s Python stacks, on stderr, before it is stopped
+        for a stall: each Python process of `child` is sent SIGUSR1, and
+        one that registered `faulthandler` for it (the example job does)
+        prints every thread's stack, where a hang outside any collective
+        waits. One that did not dies of it, a moment before the launcher
+        would stop it."""
+        before = len(child.stderr_text())
+        for process in _python_processes(child.pid):
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGUSR1)
+        time.sleep(_STACKS_SECONDS)
+        stacks = child.stderr_text()[before:].strip()
+        if stacks:
+            print(
+                f"[worker {task}] its Python threads when it stalled:\n"
+                f"{stacks}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def first_step(self) -> float | None:
         """When (time.time()) a worker of the round first sent a heartbeat:
@@ -175,3 +204,16 @@ def _workers(tasks: list[int]) -> str:
     if len(tasks) == 1:
         return f"worker {tasks[0]}"
     return "workers " + ", ".join(str(t) for t in tasks)
+
+
+def _python_processes(pid: int) -> list[psutil.Process]:
+    """`pid` and its descendants that run Python (not the shell or the
+    wrapper that enters an emulated host)."""
+    found = []
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                if "python" in process.name().lower():
+                    found.append(process)
+    return found

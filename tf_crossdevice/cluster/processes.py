@@ -205,29 +205,6 @@ class Child:
                     total += times.user + times.system
         return total
 
-    def python_stacks(self, wait_seconds: float = 2.0) -> str:
-        """Every thread's Python stack in the child's Python processes, as
-        each prints them to stderr on SIGUSR1 (after
-        `faulthandler.register(signal.SIGUSR1, all_threads=True)`), or ""
-        if nothing came within `wait_seconds`. For a child about to be
-        stopped: a process that registered no handler dies of the signal.
-        """
-        fd = self._stderr.fileno()
-        before = os.fstat(fd).st_size
-        targets = [
-            p
-            for p in [psutil.Process(self.pid), *_tree(self.process)]
-            if _is_python(p)
-        ]
-        for target in targets:
-            with contextlib.suppress(psutil.Error):
-                target.send_signal(signal.SIGUSR1)
-        give_up = time.monotonic() + wait_seconds
-        while targets and time.monotonic() < give_up:
-            time.sleep(0.1)
-        size = os.fstat(fd).st_size
-        return os.pread(fd, size - before, before).decode(errors="replace")
-
     def _read_stdout(self) -> None:
         assert self.process.stdout is not None
         with contextlib.suppress(ValueError, OSError):
@@ -513,15 +490,6 @@ def _tree(process: subprocess.Popen[str]) -> list[psutil.Process]:
         return psutil.Process(process.pid).children(recursive=True)
     except psutil.Error:
         return []
-
-
-def _is_python(process: psutil.Process) -> bool:
-    """Whether `process` runs a Python interpreter (not a shell or the
-    wrapper that enters an emulated host)."""
-    try:
-        return "python" in process.name().lower()
-    except psutil.Error:
-        return False
 
 
 def _is_alive(process: psutil.Process) -> bool:

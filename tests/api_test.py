@@ -196,7 +196,9 @@ PUBLIC_API = {
     "tf_crossdevice.training": [
         "AverageOverExamples",
         "COLLECTIVE_OPS",
+        "DiLoCo",
         "GradientAccumulator",
+        "LocalSGD",
         "PreemptionWatcher",
         "STEP_EVENT",
         "StepProfile",

@@ -183,6 +183,41 @@ class MultiWorkerMirroredStrategy(
         with reporting, self.extended._options_for_call(options):
             return super().reduce(reduce_op, value, axis)
 
+    @contextlib.contextmanager
+    def reducing_with(self, cross_device_ops: Any) -> Iterator[None]:
+        """Steps traced inside reduce with `cross_device_ops`.
+
+        Every reduction of the strategy's replicas (the optimizer's
+        all-reduce, `ReplicaContext.all_reduce`, `strategy.reduce`) in a
+        function traced inside the block goes to `cross_device_ops`
+        instead of the strategy's own: one of the package's collective
+        classes (a copy bound to this strategy's workers and devices, as
+        the constructor's; its state, PowerSGD's for example, apart from
+        the strategy's), or any `tf.distribute.CrossDeviceOps` as it is
+        (one that reduces among this worker's devices alone, say). Only
+        tracing reads it: a `tf.function` keeps what it was traced with,
+        so trace each choice in a function of its own. Local SGD and
+        DiLoCo (`tf_crossdevice.training`) use it for their inner steps
+        and their syncs.
+
+        >>> strategy = tf_crossdevice.MultiWorkerMirroredStrategy(
+        ...     local_devices=["/cpu:0", "/cpu:1"])
+        >>> one_device = tf_crossdevice.ReductionToOneDevice()
+        >>> @tf.function
+        ... def step():
+        ...     ctx = tf.distribute.get_replica_context()
+        ...     return ctx.all_reduce("sum", ctx.replica_id_in_sync_group + 1)
+        >>> with strategy.reducing_with(one_device):
+        ...     sums = strategy.experimental_local_results(strategy.run(step))
+        >>> [int(v) for v in sums]
+        [3, 3]
+
+        Raises:
+            TypeError: `cross_device_ops` is not a CrossDeviceOps.
+        """
+        with self.extended._reducing_with(cross_device_ops):
+            yield
+
 
 class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
     """TensorFlow's extended object, with our ops, devices and start-up."""
@@ -200,6 +235,8 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
         self._first_initial_value = None
         # Made on first use: the workers' cardinalities meet there.
         self._cardinality_group: Group | None = None
+        # reducing_with's bound copies of collective classes, by id.
+        self._bound_ops: dict[int, tuple[Any, Any]] = {}
         super().__init__(container, resolver, options)
         self._cross_device_ops = ops
         self._host_cross_device_ops = host
@@ -217,6 +254,34 @@ class _Extended(_TFExtended):  # type: ignore[misc,valid-type]
             yield
         finally:
             self._call_options.pop()
+
+    @contextlib.contextmanager
+    def _reducing_with(self, ops: Any) -> Iterator[None]:
+        if _collective_reducer(ops) is not None:
+            # One bound copy per object: it keeps its traced functions and
+            # groups, and the original stays alive beside it.
+            if id(ops) not in self._bound_ops:
+                self._bound_ops[id(ops)] = (
+                    ops,
+                    _bound(
+                        ops,
+                        self._our_devices,
+                        self._num_workers,
+                        self._communication_options,
+                    ),
+                )
+            ops = self._bound_ops[id(ops)][1]
+        elif not isinstance(ops, tf.distribute.CrossDeviceOps):
+            raise TypeError(
+                "cross_device_ops: expected a tf.distribute.CrossDeviceOps "
+                f"(a class of tf_crossdevice, say), got {type(ops).__name__}"
+            )
+        saved = self._cross_device_ops
+        self._cross_device_ops = ops
+        try:
+            yield
+        finally:
+            self._cross_device_ops = saved
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         for extra in self._call_options:

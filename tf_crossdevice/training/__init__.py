@@ -5,6 +5,12 @@ timeline.
 accumulation), so that the wire between hosts carries 1/k of the gradient
 traffic of one all-reduce per micro-batch.
 
+`LocalSGD` and `DiLoCo`: each worker takes `period` steps alone (its
+replicas reduce only among themselves), then the workers' weights are
+averaged (local SGD) or their mean change is a step of an outer optimizer
+(DiLoCo): one exchange of the weights per `period` steps instead of one of
+the gradients per step.
+
 `PreemptionWatcher`: a SIGTERM on any worker becomes one stop step that
 every worker agrees on (through a tiny all-reduce), so that they all save
 a checkpoint at that step and leave cleanly.
@@ -33,6 +39,7 @@ from tf_crossdevice.training._average_loss import (
     AverageOverExamples,
     compute_average_loss,
 )
+from tf_crossdevice.training._periodic_sync import DiLoCo, LocalSGD
 from tf_crossdevice.training._preemption import PreemptionWatcher
 from tf_crossdevice.training._timeline import (
     COLLECTIVE_OPS,
@@ -48,7 +55,9 @@ from tf_crossdevice.training._timeline import (
 __all__ = [
     "AverageOverExamples",
     "COLLECTIVE_OPS",
+    "DiLoCo",
     "GradientAccumulator",
+    "LocalSGD",
     "PreemptionWatcher",
     "STEP_EVENT",
     "StepProfile",

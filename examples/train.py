@@ -72,12 +72,15 @@ def total_steps(v: Any, num_train: int) -> int:
     return -(-v.epochs * num_train // v.batch_size)
 
 
-def make_cross_device_ops(v: Any, devices: list[str] | None = None) -> Any:
-    """The --cross_device_ops object the flags describe."""
+def make_cross_device_ops(
+    v: Any, devices: list[str] | None = None, compress: bool = True
+) -> Any:
+    """The --cross_device_ops object the flags describe (without
+    --compression if not `compress`)."""
     import tf_crossdevice
 
     name = class_of(v.flag_values_dict())
-    extra = compression_of(v)
+    extra = compression_of(v) if compress else {}
     packing = {
         "agg_small_grads_max_bytes": v.agg_small_grads_max_bytes,
         "agg_small_grads_max_group": v.agg_small_grads_max_group,
@@ -117,7 +120,9 @@ def compression_of(v: Any) -> dict[str, Any]:
     import tf_crossdevice
 
     if v.compression == "powersgd":
-        compressor = tf_crossdevice.compression.PowerSGD(rank=v.powersgd_rank)
+        compressor = tf_crossdevice.compression.PowerSGD(
+            rank=v.powersgd_rank, start_step=v.powersgd_start_step
+        )
         return {"compression": compressor}
     if v.compression != "none":
         return {"compression": v.compression}
@@ -168,12 +173,18 @@ def load_data(v: Any) -> Any:
     )
 
 
-def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
+def loop_config(
+    v: Any, data: Any, ops: Any = None, sync_ops: Any = None
+) -> Any:
+    """The training loop's settings; `ops` reduce the steps and `sync_ops`
+    (--sync: the syncs; None: the strategy's) whatever crosses between
+    workers at a sync."""
     import train_loops
 
     import tf_crossdevice
 
-    powersgd = tf_crossdevice.ops.wire_of(ops).powersgd
+    compressing = sync_ops if v.sync != "every_step" else ops
+    powersgd = tf_crossdevice.ops.wire_of(compressing).powersgd
     values = v.flag_values_dict()
     return train_loops.Config(
         loop=train_flags.loop_of(values),
@@ -185,6 +196,7 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
         accumulation_steps=v.accumulation_steps,
         learning_rate=train_flags.learning_rate_of(values),
         lr_schedule=v.lr_schedule,
+        eval_every=v.eval_every,
         log_every=v.log_every,
         seed=v.seed,
         model_dir=v.model_dir,
@@ -196,6 +208,14 @@ def loop_config(v: Any, data: Any, ops: Any = None) -> Any:
         worker=train_flags.worker_rank(values),
         num_workers=train_flags.num_workers_of(values),
         uneven_data=v.uneven_data,
+        sync=train_loops.SyncConfig(
+            v.sync,
+            v.sync_period,
+            v.sync_warmup_steps,
+            v.outer_learning_rate,
+            v.outer_momentum,
+            sync_ops,
+        ),
     )
 
 
@@ -235,6 +255,7 @@ def run_collective_worker(v: Any) -> int:
     else:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     devices = local_devices(v)
+    sync_ops = None
     if class_of(v.flag_values_dict()) == train_flags.BASELINE:
         ops = None
         described = "TensorFlow's MultiWorkerMirroredStrategy"
@@ -243,8 +264,18 @@ def run_collective_worker(v: Any) -> int:
             communication_options=communication_options(v),
         )
     else:
-        ops = make_cross_device_ops(v)
+        # With --sync, --compression compresses the syncs: a class of
+        # their own, whose PowerSGD state is apart from the steps'.
+        syncing = v.sync != "every_step"
+        ops = make_cross_device_ops(v, compress=not syncing)
+        if syncing and v.compression != "none":
+            sync_ops = make_cross_device_ops(v)
         described = type(ops).__name__
+        if syncing:
+            described += (
+                f"; --sync={v.sync}, every {v.sync_period} steps after "
+                f"{v.sync_warmup_steps} synchronous ones"
+            )
         # The class brings its own options; the strategy's are the default
         # of the rest, and bound the wait for the other workers at start.
         timeout = tf.distribute.experimental.CommunicationOptions(
@@ -273,7 +304,7 @@ def run_collective_worker(v: Any) -> int:
         print(f"data: {data.description}", flush=True)
     summary = train_loops.train_with_strategy(
         strategy,
-        loop_config(v, data, ops),
+        loop_config(v, data, ops, sync_ops),
         data,
         is_chief=is_chief,
         task=index,

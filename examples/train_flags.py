@@ -57,6 +57,7 @@ TAKES_COMPRESSION = (
     "HierarchicalCollectiveAllReduce",
 )
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
+SYNCS = ("every_step", "local_sgd", "diloco")
 # PowerSGD compresses gradients between workers: the collective classes
 # under our MultiWorkerMirroredStrategy.
 TAKES_POWERSGD = (
@@ -314,6 +315,58 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         flag_values=fv,
     )
     d.DEFINE_integer(
+        "powersgd_start_step",
+        0,
+        "With --compression=powersgd: steps summed exactly before "
+        "compression starts (PyTorch's start_powerSGD_iter).",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    d.DEFINE_enum(
+        "sync",
+        "every_step",
+        SYNCS,
+        "every_step: the gradients are all-reduced every step. local_sgd: "
+        "each worker takes --sync_period steps alone (its devices reduce "
+        "among themselves), then the workers' weights are averaged. "
+        "diloco: as local_sgd, but the mean change is a step of an outer "
+        "Nesterov SGD (--outer_learning_rate, --outer_momentum). With "
+        "local_sgd and diloco, --compression compresses the syncs "
+        "(--mode=collective, our strategy).",
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "sync_period",
+        8,
+        "With --sync=local_sgd or diloco: steps between syncs; "
+        "--log_every, --sync_warmup_steps and the steps must be multiples "
+        "of it, so that checkpoints fall on syncs.",
+        lower_bound=1,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "sync_warmup_steps",
+        0,
+        "With --sync=local_sgd or diloco: synchronous steps first.",
+        lower_bound=0,
+        flag_values=fv,
+    )
+    d.DEFINE_float(
+        "outer_learning_rate",
+        0.7,
+        "With --sync=diloco: the outer SGD's learning rate.",
+        lower_bound=0.0,
+        flag_values=fv,
+    )
+    d.DEFINE_float(
+        "outer_momentum",
+        0.9,
+        "With --sync=diloco: the outer SGD's Nesterov momentum.",
+        lower_bound=0.0,
+        upper_bound=1.0,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
         "steps",
         400,
         "Training steps (global batches).",
@@ -350,6 +403,16 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         0.1,
         "SGD learning rate (momentum 0.9).",
         lower_bound=0.0,
+        flag_values=fv,
+    )
+    d.DEFINE_integer(
+        "eval_every",
+        0,
+        "If > 0, a multiple of --log_every: the chief also scores the "
+        "held-out examples at every checkpoint of a multiple of this "
+        "(--mode=collective or mirrored), printing the accuracy and the "
+        "seconds it took; 0: only at the end.",
+        lower_bound=0,
         flag_values=fv,
     )
     d.DEFINE_enum(
@@ -788,6 +851,14 @@ def check_flags(v: dict[str, Any]) -> None:
             "--mode=collective without --job_name (for a worker you start, "
             "python -m tf_crossdevice.launch --max_restarts=K -- ...)"
         )
+    if v["eval_every"] and (
+        mode == "in_graph" or v["eval_every"] % v["log_every"]
+    ):
+        raise flags.ValidationError(
+            f"--eval_every: {v['eval_every']} must be a multiple of "
+            f"--log_every={v['log_every']} (it scores at checkpoints), in "
+            f"--mode=collective or mirrored; got --mode={mode}"
+        )
     if v["lr_schedule"] != "constant" and mode == "in_graph":
         raise flags.ValidationError(
             f"--lr_schedule={v['lr_schedule']}: the in-graph step applies "
@@ -935,6 +1006,7 @@ def check_flags(v: dict[str, Any]) -> None:
         )
     _check_timeline(v)
     _check_uneven_data(v)
+    _check_sync(v)
 
 
 def _check_uneven_data(v: dict[str, Any]) -> None:
@@ -1044,3 +1116,35 @@ def parse_flags(argv: list[str]) -> list[str]:
         )
         sys.exit(1)
     return rest
+
+
+def _check_sync(v: dict[str, Any]) -> None:
+    """--sync=local_sgd or diloco: our strategy, and checkpoints on syncs."""
+    if v["sync"] == "every_step":
+        return
+    name = class_of(v)
+    if v["mode"] != "collective" or name == BASELINE:
+        raise flags.ValidationError(
+            f"--sync={v['sync']}: steps that reduce within a worker need "
+            "our strategy: --mode=collective with CollectiveAllReduce or "
+            f"HierarchicalCollectiveAllReduce; got --mode={v['mode']} "
+            f"--cross_device_ops={name}"
+        )
+    unsupported = {
+        "accumulation_steps": v["accumulation_steps"] != 1,
+        "uneven_data": v["uneven_data"] is not None,
+        "epochs": bool(v["epochs"]),
+    }
+    for flag, given in unsupported.items():
+        if given:
+            raise flags.ValidationError(
+                f"--{flag}: not with --sync={v['sync']}; leave it at its "
+                "default"
+            )
+    period = v["sync_period"]
+    for flag in ("log_every", "sync_warmup_steps", "steps"):
+        if v[flag] % period:
+            raise flags.ValidationError(
+                f"--{flag}: {v[flag]} is not a multiple of --sync_period="
+                f"{period}; checkpoints and the end must fall on a sync"
+            )

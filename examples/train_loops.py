@@ -49,6 +49,19 @@ _EVAL_BATCH = 256
 _MEAN_LOSS = "mean_loss"  # model.fit's loss metric with --uneven_data.
 
 
+@dataclasses.dataclass(frozen=True)
+class SyncConfig:
+    """--sync and its flags: how often the workers' weights meet."""
+
+    how: str = "every_step"  # every_step, local_sgd or diloco
+    period: int = 1
+    warmup_steps: int = 0
+    outer_learning_rate: float = 0.7
+    outer_momentum: float = 0.9
+    # What all-reduces the syncs (None: the strategy's).
+    cross_device_ops: Any = None
+
+
 @dataclasses.dataclass
 class Config:
     """What every loop needs from the flags."""
@@ -86,6 +99,30 @@ class Config:
     uneven_data: float | None = None
     # --lr_schedule: "constant" or "cosine" (to 0 at `steps`).
     lr_schedule: str = "constant"
+    sync: SyncConfig = dataclasses.field(default_factory=SyncConfig)
+    # --eval_every: the chief scores the held-out examples at every
+    # checkpoint of a multiple of this (0: only at the end).
+    eval_every: int = 0
+
+
+def _periodic_sync(config: Config, model: keras.Model) -> Any:
+    """--sync=local_sgd or diloco: the helper that syncs the workers every
+    --sync_period steps (create under the strategy's scope); else None."""
+    sync = config.sync
+    if sync.how == "every_step":
+        return None
+    variables = model.trainable_variables
+    if sync.how == "local_sgd":
+        return tf_crossdevice.training.LocalSGD(
+            variables, sync.period, sync.warmup_steps, sync.cross_device_ops
+        )
+    outer = keras.optimizers.SGD(
+        sync.outer_learning_rate, momentum=sync.outer_momentum, nesterov=True
+    )
+    return tf_crossdevice.training.DiLoCo(
+        variables, sync.period, sync.warmup_steps, outer,
+        sync.cross_device_ops,
+    )  # fmt: skip
 
 
 def _learning_rate(config: Config) -> Any:
@@ -115,6 +152,19 @@ def _loss_fn() -> keras.losses.Loss:
 def _value(variable: Any) -> Any:
     """The TensorFlow variable under a Keras variable."""
     return getattr(variable, "value", variable)
+
+
+def _print_eval(step: int, model: keras.Model, data: train_data.Data) -> None:
+    """--eval_every: the chief's held-out accuracy at a checkpoint, and how
+    long it took (a benchmark of accuracy against time subtracts it)."""
+    began = time.monotonic()
+    accuracy = _eval_accuracy(lambda x: model(x, training=False), data)
+    print(
+        f"held-out accuracy at step {step}: {accuracy:.4f} "
+        f"({len(data.eval_labels)} examples, "
+        f"{time.monotonic() - began:.3f} s)",
+        flush=True,
+    )
 
 
 def _eval_accuracy(predict: Any, data: train_data.Data) -> float:
@@ -170,15 +220,19 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
             _learning_rate(config), momentum=MOMENTUM
         )
         optimizer.build(model.trainable_variables)
+        syncing = _periodic_sync(config, model)
         if config.loop == "fit":
             model.compile(
                 optimizer=optimizer,
                 **_fit_loss_and_metrics(config),
                 jit_compile=False,
             )
+    # With --sync, saved at syncs only (--log_every is a multiple of the
+    # period): the weights are every worker's, and so is the helper's state.
     checkpoint = tf.train.Checkpoint(
         weights=[_value(v) for v in model.weights],
         optimizer=[_value(v) for v in optimizer.variables],
+        **({} if syncing is None else {"sync": syncing}),
     )
     save_dir = _checkpoint_dir(config.model_dir, is_chief, task)
     manager = tf.train.CheckpointManager(checkpoint, save_dir, max_to_keep=2)
@@ -216,11 +270,17 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     )
     timeline = _Timeline(config, reporter)
 
-    # Each worker's PowerSGD state differs (its replicas' errors): every
-    # worker keeps its own, in a folder of its own.
+    # Each worker's PowerSGD state differs (its replicas' errors), and with
+    # --sync its optimizer's (its own steps between syncs): every worker
+    # keeps its own, in a folder of its own, restored over the chief's.
     state_manager = None
+    own = {}
     if config.compression_state is not None:
-        state = tf.train.Checkpoint(compression=config.compression_state)
+        own["compression"] = config.compression_state
+    if syncing is not None:
+        own["optimizer"] = [_value(v) for v in optimizer.variables]
+    if own:
+        state = tf.train.Checkpoint(**own)
         state_manager = tf.train.CheckpointManager(
             state,
             os.path.join(config.model_dir, "compression", f"task_{task}"),
@@ -235,6 +295,8 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
             state_manager.save(checkpoint_number=step)
         if is_chief:
             print(f"checkpoint saved at step {step}", flush=True)
+            if config.eval_every and step % config.eval_every == 0:
+                _print_eval(step, model, data)
 
     last_stop = None
     if config.uneven_data is not None:
@@ -250,21 +312,24 @@ def _train_with_strategy(strategy, config, data, is_chief, task, watcher):
     if start < config.steps:
         if config.loop == "fit":
             stopped = _fit(model, dataset, config, start, reporter, save,
-                           watcher, timeline)  # fmt: skip
+                           watcher, timeline, syncing)  # fmt: skip
         else:
-            loop = (
-                _accumulating_loop
-                if config.accumulation_steps > 1
-                else _custom_loop
-            )
             batches = itertools.islice(
                 dataset(start, config.steps, config.accumulation_steps),
                 (config.steps - start) * config.accumulation_steps,
             )
-            steps = loop(strategy, model, optimizer, batches, config)
+            if config.accumulation_steps > 1:
+                steps = _accumulating_loop(
+                    strategy, model, optimizer, batches, config
+                )
+            else:
+                steps = _custom_loop(
+                    strategy, model, optimizer, batches, config, syncing
+                )
             stopped = _log_and_save(
                 timeline.trace(steps, start),
                 start, config, global_batch, reporter, save, watcher,
+                syncing,
             )  # fmt: skip
     # The evaluation and the summary below take no steps.
     tf_crossdevice.cluster.end_heartbeats()
@@ -479,8 +544,9 @@ def fit_epochs(
 
 
 def _fit(
-    model, dataset, config, start, reporter, save, watcher, timeline
-) -> int | None:
+    model, dataset, config, start, reporter, save, watcher, timeline,
+    syncing=None,
+) -> int | None:  # fmt: skip
     """model.fit, one Keras epoch per progress line (`fit_epochs`); the
     step it stopped at when preempted, else None. `timeline` profiles its
     step.
@@ -508,7 +574,11 @@ def _fit(
             self.step += 1
             reporter.step_done()
             tf_crossdevice.cluster.heartbeat(self.step)  # --stall_seconds
-            if self.step < config.steps and watcher.should_stop():
+            if (
+                self.step < config.steps
+                and _may_stop(syncing, self.step)
+                and watcher.should_stop()
+            ):
                 self.stopped = self.step
                 self.model.stop_training = True
 
@@ -537,7 +607,10 @@ def _fit(
             dataset(first, config.steps),
             epochs=epochs,
             steps_per_epoch=steps_per_epoch,
-            callbacks=[progress],
+            # The sync first: the progress callback saves the synced weights.
+            callbacks=[progress]
+            if syncing is None
+            else [syncing.callback(), progress],
             shuffle=False,
             verbose=0,
         )
@@ -623,12 +696,13 @@ class _Timeline:
 
 
 def _custom_loop(
-    strategy, model, optimizer, batches, config
+    strategy, model, optimizer, batches, config, syncing=None
 ) -> Iterator[tuple[Any, Any]]:
     """strategy.run steps on `batches` (a distributed dataset, one element
-    per step); the optimizer all-reduces the gradients. Each step's summed
-    loss and correct count, as the steps run; with --uneven_data also its
-    examples (fewer once a worker's data ran out)."""
+    per step); the optimizer all-reduces the gradients (with `syncing`, a
+    LocalSGD or DiLoCo, within the worker between its syncs). Each step's
+    summed loss and correct count, as the steps run; with --uneven_data
+    also its examples (fewer once a worker's data ran out)."""
     loss_fn = _loss_fn()
     global_batch = config.batch_size
     uneven = config.uneven_data is not None
@@ -656,12 +730,14 @@ def _custom_loop(
             return tf.stack([loss, correct, examples])
         return tf.stack([loss, correct])
 
-    @tf.function
     def step(inputs):
         totals = strategy.run(replica_step, args=inputs)
+        # Between syncs, within the worker: the chief's own replicas' sums
+        # times the workers.
         return tuple(tf.unstack(strategy.reduce("sum", totals, axis=None)))
 
-    return (step(inputs) for inputs in batches)
+    run = tf.function(step) if syncing is None else syncing.wrap(step)
+    return (run(inputs) for inputs in batches)
 
 
 def _accumulating_loop(
@@ -733,6 +809,13 @@ def _accumulating_loop(
     return updates()
 
 
+def _may_stop(syncing: Any, step: int) -> bool:
+    """Whether a preempted job may stop after `step` steps: anywhere, or
+    with --sync at a sync (a checkpoint between syncs would hold only the
+    chief's weights)."""
+    return syncing is None or syncing.is_synced(step)
+
+
 def _log_and_save(
     steps: Iterable[tuple[Any, Any]],
     start: int,
@@ -741,12 +824,14 @@ def _log_and_save(
     reporter: Any,
     save: Callable[[int], None],
     watcher: tf_crossdevice.training.PreemptionWatcher,
+    syncing: Any = None,
 ) -> int | None:
     """Runs `steps` (each gives the step's summed loss and correct count,
     and its examples where they may be fewer than `global_batch`) from step
     `start`: a progress line every `log_every` steps and at the end, each
     followed by `save(step)`. Once `watcher` says stop, saves and returns
-    that step (before the end); else returns None."""
+    that step (before the end); else returns None. With `syncing`, the
+    watcher is asked at syncs only, where the workers' weights agree."""
     losses, correct, examples = [], 0.0, 0.0
     step_number = start
     for loss, right, *present in steps:
@@ -764,7 +849,11 @@ def _log_and_save(
             losses, correct, examples = [], 0.0, 0.0
             save(step_number)
             saved = True
-        if step_number < config.steps and watcher.should_stop():
+        if (
+            step_number < config.steps
+            and _may_stop(syncing, step_number)
+            and watcher.should_stop()
+        ):
             if not saved:
                 save(step_number)
             return step_number

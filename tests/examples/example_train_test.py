@@ -355,6 +355,62 @@ def test_the_defaults_are_the_main_job():
             r"worker count; this cluster has 3, more than 2",
         ),
         (
+            {"sync": "diloco", "mode": "mirrored", "loop": "custom"},
+            r"--sync=diloco: steps that reduce within a worker need our "
+            r"strategy: --mode=collective with CollectiveAllReduce or "
+            r"HierarchicalCollectiveAllReduce; got --mode=mirrored",
+        ),
+        (
+            {
+                "sync": "local_sgd",
+                "cross_device_ops": "TensorFlow",
+                "devices_per_worker": 1,
+                "loop": "custom",
+            },
+            r"--sync=local_sgd: .* --cross_device_ops=TensorFlow",
+        ),
+        (
+            {
+                "sync": "diloco",
+                "sync_period": 32,
+                "log_every": 100,
+                "steps": 320,
+            },
+            r"--log_every: 100 is not a multiple of --sync_period=32; "
+            r"checkpoints and the end must fall on a sync",
+        ),
+        (
+            {"sync": "diloco", "sync_period": 4, "log_every": 8, "steps": 18},
+            r"--steps: 18 is not a multiple of --sync_period=4",
+        ),
+        (
+            {
+                "sync": "local_sgd",
+                "sync_period": 4,
+                "log_every": 8,
+                "steps": 16,
+                "sync_warmup_steps": 6,
+            },
+            r"--sync_warmup_steps: 6 is not a multiple of --sync_period=4",
+        ),
+        (
+            {
+                "sync": "local_sgd",
+                "sync_period": 4,
+                "log_every": 8,
+                "steps": 16,
+                "loop": "custom",
+                "accumulation_steps": 2,
+            },
+            r"--accumulation_steps: not with --sync=local_sgd; leave it at "
+            r"its default",
+        ),
+        (
+            {"eval_every": 50, "log_every": 40},
+            r"--eval_every: 50 must be a multiple of --log_every=40 \(it "
+            r"scores at checkpoints\), in --mode=collective or mirrored",
+        ),
+        (
             {"lr_schedule": "cosine", "mode": "in_graph"},
             r"--lr_schedule=cosine: the in-graph step applies a constant "
             r"rate; use --mode=collective or mirrored",
@@ -447,6 +503,28 @@ def test_epochs_set_the_steps_of_that_many_passes_over_the_data():
         # A last partial batch is a step: 2 x 100 examples in 4 steps of 64.
         assert train.total_steps(FLAGS, 100) == 4
     assert train.total_steps(FLAGS, 8192) == 400  # --steps
+
+
+def test_powersgd_takes_its_rank_and_start_step_from_the_flags():
+    import train
+
+    with flagsaver.flagsaver(
+        compression="powersgd", powersgd_rank=2, powersgd_start_step=7
+    ):
+        compressor = train.compression_of(FLAGS)["compression"]
+    assert (compressor.rank, compressor.start_step) == (2, 7)
+
+
+def test_with_sync_the_steps_reduce_uncompressed_and_the_syncs_compress():
+    import train
+
+    with flagsaver.flagsaver(
+        sync="diloco", compression="bf16",
+        cross_device_ops="CollectiveAllReduce",
+    ):  # fmt: skip
+        steps = train.make_cross_device_ops(FLAGS, compress=False)
+        syncs = train.make_cross_device_ops(FLAGS)
+    assert (steps.compression, syncs.compression) == (None, "bf16")
 
 
 def test_helpshort_lists_the_jobs_flags():
@@ -637,6 +715,11 @@ def test_good_combinations_pass():
         {"uneven_data": 1.0},
         {"uneven_data": 0.5, "loop": "custom", "max_restarts": 1},
         {"uneven_data": 0.9, "steps": 10, "log_every": 4},
+        {"sync": "diloco", "sync_period": 4, "log_every": 8, "steps": 16,
+         "sync_warmup_steps": 4, "compression": "powersgd",
+         "cross_device_ops": "CollectiveAllReduce"},
+        {"sync": "local_sgd", "sync_period": 5, "log_every": 5,
+         "steps": 400, "loop": "fit"},
     ]:  # fmt: skip
         with flagsaver.flagsaver(**overrides):
             train_flags.check_flags(FLAGS.flag_values_dict())

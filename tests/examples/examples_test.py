@@ -443,7 +443,12 @@ def test_a_lost_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
     fails, and its peer waits in a collective whose timeout is far off,
     so only the launcher's --stall_seconds sees it); the launcher starts
     both workers again, they resume from the last checkpoint and end with
-    an uninterrupted run's weights."""
+    an uninterrupted run's weights. The killed job trains with
+    --sync=diloco: the kill lands while the workers step alone between two
+    syncs, the restart replays that period from the last sync's checkpoint
+    (each worker's own optimizer state with it), and the uninterrupted
+    run also scores its held-out examples at checkpoints (--eval_every).
+    """
     args = [
         "--model=dense",
         "--depth=1",
@@ -454,6 +459,13 @@ def test_a_lost_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
         f"--steps={STEPS}",
         "--log_every=5",
     ]
+    if how == "killed":
+        args += [
+            "--sync=diloco",
+            "--sync_period=5",
+            "--sync_warmup_steps=5",
+            "--eval_every=10",
+        ]
     watch = (
         ["--timeout_seconds=20"]
         if how == "killed"
@@ -492,6 +504,27 @@ def test_a_lost_worker_is_restarted_to_the_weights_of_an_uninterrupted_job(
     assert "restart 1: 2 workers\n" in out + "\n"
     assert "workers stopped (exit statuses [0, 0])" in out
     assert digest(out) == digest(whole)
+    if how == "killed":
+        check_sync_and_scores(out, whole)
+
+
+def check_sync_and_scores(out: str, whole: str) -> None:
+    """--sync=diloco: the restart resumed from a sync (checkpoints fall on
+    syncs only); --eval_every=10: the chief scored the held-out examples
+    at steps 10 and 20, the last on the final weights."""
+    assert "--sync=diloco, every 5 steps after 5 synchronous ones" in whole
+    resumed = re.search(
+        r"\[worker 0\] restart 1: 2 workers, from step (\d+)", out
+    )
+    assert resumed and int(resumed[1]) % 5 == 0, out
+    scores = re.findall(
+        r"\[worker 0\] held-out accuracy at step (\d+): (0\.\d{4}) "
+        r"\(1024 examples, \d+\.\d{3} s\)",
+        whole,
+    )
+    assert [step for step, _ in scores] == ["10", "20"], whole
+    final = re.search(r"held-out accuracy: (0\.\d{3}) \(1024", whole)
+    assert final and f"{float(scores[-1][1]):.3f}" == final[1]
 
 
 def check_resumed(out: str, trains_with: str) -> None:

@@ -195,20 +195,24 @@ _COLLECTIVES = (
 # Our entries with PowerSGD ("... compression=powersgd rank=4"): they send
 # `powersgd_bytes` of the workload through the same all-reduce.
 POWERSGD_NAME = re.compile(r" compression=powersgd rank=(\d+)")
-# PowerSGD's default `min_compression_size`, which the candidates keep.
+# PowerSGD's default `min_compression_size` and `min_compression_rate`,
+# which the candidates keep.
 POWERSGD_MIN_SIZE = 4096
+POWERSGD_MIN_RATE = 2.0
 
 
 def powersgd_bytes(
     shapes: Sequence[Sequence[int]],
     rank: int,
     min_size: int = POWERSGD_MIN_SIZE,
+    min_rate: float = POWERSGD_MIN_RATE,
 ) -> int:
     """The float32 bytes one replica puts into the all-reduces of a PowerSGD
     step of tensors of `shapes`: a tensor of two or more dimensions and at
     least `min_size` elements is an n x m matrix (m its last dimension) and
-    sends P (n x r) and Q (m x r), r = min(n, m, rank), where that is fewer
-    than n*m values; every other tensor is sent whole.
+    sends P (n x r) and Q (m x r), r = min(n, m, rank), where those are at
+    least `min_rate` times fewer than n*m values (PyTorch's rule); every
+    other tensor is sent whole.
 
     This restates `PowerSGD.compresses` from the paper on purpose, so that
     the bytes model does not trust the code it scores; the benchmark's
@@ -224,7 +228,7 @@ def powersgd_bytes(
             m = shape[-1]
             n = size // m
             r = min(n, m, rank)
-            if (n + m) * r < size:
+            if (n + m) * r * min_rate < size:
                 size = (n + m) * r
         values += size
     return 4 * values

@@ -110,15 +110,23 @@ def powersgd_check(
 ) -> measure.Check:
     """The check of a PowerSGD all-reduce's first step, from zero error.
 
-    No numpy PowerSGD is needed: whatever the approximation, what every
-    replica applies plus what every replica kept as error is the sum of
-    the gradients (see `tf_crossdevice.compression.PowerSGD`). So every
-    replica gets the same result, on its device; where the compressor
-    compressed, that result plus every replica's error is numpy's sum
-    within float32 rounding of the products (1e-5 of the replicas'
-    absolute values there, plus 1e-5), and the result alone is not (a
-    rank-limited approximation of random integers); elsewhere the result
-    is numpy's sum exactly.
+    No numpy PowerSGD is needed. Every replica gets the same result, on its
+    device; where the compressor did not compress, numpy's sum exactly.
+    Where it compressed an n×m matrix (r = min(n, m, rank)), the first step
+    returns P^ P^ᵀ W, W numpy's sum and P^ an orthonormal n×r matrix, and
+    each replica keeps as error what its share of that left out. So:
+
+    - the result plus every replica's error is W (see
+      `tf_crossdevice.compression.PowerSGD`), and the result alone is not
+      (a rank-limited approximation of random integers);
+    - the result is W projected onto an r-dimensional column space: its
+      r-th singular value is clearly non-zero (its rank is r) and it equals
+      U Uᵀ W, U its top r left singular vectors. Sending zeros and keeping
+      everything as error, or any matrix but such a projection, passes
+      the first point but not this one.
+
+    Each within float32 rounding of the products: 1e-5 of the replicas'
+    absolute values there, plus 1e-5.
     """
 
     def check(results: measure.Results, devices: list[list[str]]) -> str | None:
@@ -132,7 +140,8 @@ def powersgd_check(
                 wrong = measure.mismatch(got, want)
                 return f"summed exactly: {wrong}" if wrong else None
             tolerance = 1e-5 * (inputs.magnitudes[k] + 1)
-            errors = errors_sum(compressor.state(k).errors).reshape(shape)
+            state = compressor.state(k)
+            errors = errors_sum(state.errors).reshape(shape)
             wrong = measure.mismatch_beyond(
                 got.astype(np.float64) + errors,
                 want.astype(np.float64),
@@ -142,11 +151,60 @@ def powersgd_check(
                 return f"applied + errors: {wrong}"
             if measure.mismatch_beyond(got, want, tolerance) is None:
                 return "numpy's sum exactly; nothing compressed"
-            return None
+            n_m = state.matrix_shape
+            return _projection_problem(
+                got.reshape(n_m),
+                want.reshape(n_m),
+                state.rank,
+                tolerance.reshape(n_m),
+            )
 
         return inputs.compare_each(results, devices, problem)
 
     return check
+
+
+def _projection_problem(
+    got: np.ndarray, want: np.ndarray, rank: int, tolerance: np.ndarray
+) -> str | None:
+    """None if the matrix `got` is `want` projected onto a column space of
+    `rank` dimensions: its `rank`-th singular value is above the norm of
+    `tolerance` (the rounding allowed over the whole matrix), and `got`
+    equals U Uᵀ `want` within `tolerance`, element by element, U the top
+    `rank` left singular vectors of `got`.
+
+    >>> w = np.array([[3.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    >>> tolerance = np.full(w.shape, 1e-9)
+    >>> onto_e1 = np.array([[3.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    >>> _projection_problem(onto_e1, w, 1, tolerance) is None
+    True
+    >>> _projection_problem(np.zeros((3, 2)), w, 1, tolerance)
+    'rank below 1: singular value 1 is 0'
+    >>> _projection_problem(2 * w, w, 2, tolerance)
+    "not numpy's sum projected onto 2 columns: 2 of 6 elements differ from \
+numpy by more than the tolerance (largest difference 3)"
+    """
+    result = got.astype(np.float64)
+    # The SVD of the result through its range: a matrix of rank r has its
+    # columns in the span of r + 4 random combinations of them, so the
+    # SVD of its projection onto that span gives its singular values and
+    # vectors, for a few products. A full SVD costs n·m·min(n, m): for an
+    # embedding matrix, far more than the step it checks.
+    mix = np.random.default_rng(0).standard_normal((result.shape[1], rank + 4))
+    basis, _ = np.linalg.qr(result @ mix)
+    u, singular, _ = np.linalg.svd(basis.T @ result, full_matrices=False)
+    if not singular[rank - 1] > np.linalg.norm(tolerance):
+        return (
+            f"rank below {rank}: singular value {rank} is "
+            f"{singular[rank - 1]:g}"
+        )
+    top = basis @ u[:, :rank]
+    wrong = measure.mismatch_beyond(
+        result, top @ (top.T @ want.astype(np.float64)), tolerance
+    )
+    if wrong:
+        return f"not numpy's sum projected onto {rank} columns: {wrong}"
+    return None
 
 
 class Session:

@@ -58,10 +58,10 @@ def spec_from_json(spec):
 def make_ops(case, replicas):
     agg_bytes, agg_group = case.get("agg", (0, 10))
     extra = {}
-    if "powersgd" in case:  # [rank, min_compression_size]
-        rank, min_size = case["powersgd"]
+    if "powersgd" in case:  # [rank, min_compression_size, rate]
+        rank, min_size, rate = case["powersgd"]
         extra["compression"] = tf_crossdevice.compression.PowerSGD(
-            rank=rank, min_compression_size=min_size
+            rank=rank, min_compression_size=min_size, min_compression_rate=rate
         )
     return tf_crossdevice.MultiWorkerAllReduce(
         replicas.worker_devices,
@@ -112,6 +112,66 @@ def run_cases(job):
                 "dtypes": [[c.dtype.name for c in r] for r in out],
             }
         )
+
+
+# PowerSGD over several steps: a float32 8x6 matrix (compressed at rank 1)
+# and its (6,) bias, new values every step.
+POWERSGD_SHAPES = ((8, 6), (6,))
+
+
+def powersgd_inputs(step: int, num_replicas: int) -> list[list[np.ndarray]]:
+    """inputs[k][r]: value k of POWERSGD_SHAPES on replica r at `step`."""
+    rng = np.random.default_rng(1000 + step)
+    return [
+        [rng.normal(size=shape).astype(np.float32) for _ in range(num_replicas)]
+        for shape in POWERSGD_SHAPES
+    ]
+
+
+def run_powersgd_steps(job):
+    """MultiWorkerAllReduce with PowerSGD(start_step=...): one traced step,
+    called job["steps"] times on new inputs; one reply per call, with every
+    replica's sums and error (of the matrix) and the compressor's step."""
+    replicas = multi_worker.WorkerReplicas(
+        job["cluster"], replicas_per_worker=job["replicas_per_worker"]
+    )
+    compressor = tf_crossdevice.compression.PowerSGD(
+        rank=job["rank"], start_step=job["start_step"], min_compression_size=0
+    )
+    ops = tf_crossdevice.MultiWorkerAllReduce(
+        replicas.worker_devices,
+        0,
+        spec_from_json(job["spec"]),
+        compression=compressor,
+    )
+
+    @tf.function(autograph=False)
+    def step(arrays):
+        values = [
+            replicas.per_replica(lambda r, a=a: tf.identity(a[r]))
+            for a in arrays
+        ]
+        reduced = ops.batch_reduce("sum", [(v, None) for v in values])
+        return [list(r.values) for r in reduced]
+
+    for s in range(job["steps"]):
+        arrays = [
+            [tf.constant(a) for a in per_replica]
+            for per_replica in powersgd_inputs(s, replicas.num_replicas)
+        ]
+        out = replicas.run(step, arrays, timeout_seconds=120)
+        processes.reply(
+            {
+                "step": s,
+                "results": [[c.numpy().tolist() for c in r] for r in out],
+                "errors": [
+                    e.numpy().tolist() for e in compressor.state(0).errors
+                ],
+                "compressor_step": int(compressor.step.numpy()),
+                "traces": step.experimental_get_tracing_count(),
+            }
+        )
+    replicas.release()
 
 
 def run_until_failure(job):
@@ -233,4 +293,5 @@ if __name__ == "__main__":
         "until_failure": run_until_failure,
         "legacy_graph": run_legacy_graph,
         "release": run_release,
+        "powersgd_steps": run_powersgd_steps,
     }[job["mode"]](job)

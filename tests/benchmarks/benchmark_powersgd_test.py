@@ -1,6 +1,7 @@
 """The benchmark's PowerSGD entries: their names, the check of their first
-step (applied sum plus every replica's error equals numpy's sum, without a
-PowerSGD of numpy's), and the bytes they should send.
+step (applied sum plus every replica's error equals numpy's sum, and the
+result is numpy's sum projected onto as many columns as the rank, without
+a PowerSGD of numpy's), and the bytes they should send.
 
 Message sizes are worked out by hand: a 4608 x 512 matrix (ResNet-50's
 3x3x512x512 kernel) at rank 4 sends P (4608 x 4) and Q (512 x 4), 20,480
@@ -55,6 +56,13 @@ def test_powersgd_bytes_by_hand():
     assert roofline.powersgd_bytes(shapes, 4) == want
     # Rank 1 of the big kernel: 5120 values.
     assert roofline.powersgd_bytes(shapes[:1], 1) == 4 * 5120
+    # (4096, 8) at rank 4 would send (4096 + 8) * 4 = 16416 values for
+    # 32768: fewer, but not half as many; whole at the default rate 2.
+    assert roofline.powersgd_bytes([(4096, 8)], 4) == 4 * 32768
+    assert PowerSGD(rank=4).elements_sent((4096, 8)) == 32768
+    assert roofline.powersgd_bytes([(4096, 8)], 4, min_rate=1) == 4 * 16416
+    at_1 = PowerSGD(rank=4, min_compression_rate=1)
+    assert at_1.elements_sent((4096, 8)) == 16416
 
 
 @pytest.mark.parametrize(("rank", "fewer"), [(1, 157), (4, 62), (8, 35)])
@@ -174,6 +182,52 @@ def test_powersgd_check_finds_an_uncompressed_result_with_no_error():
 
     check = sessions.check_of(POWERSGD, inputs, 3, ops, no_errors)
     assert "nothing compressed" in check(exact, devices)
+
+
+def test_powersgd_check_rejects_zeros_with_the_sum_kept_as_error():
+    # Applied + errors holds (0 + W = W) and the result is not the sum, yet
+    # nothing was sent: rank 0, where rank 2 was due.
+    inputs, ops, results, devices = _first_step()
+    want = inputs.expected[0].astype(np.float64)
+    zeros = [[np.zeros_like(inputs.expected[0])] * 3, results[1]]
+    check = sessions.check_of(POWERSGD, inputs, 3, ops, lambda errors: want)
+    assert check(zeros, devices) == (
+        "value 0 replica 0: rank below 2: singular value 2 is 0"
+    )
+
+
+def test_powersgd_check_rejects_a_result_that_is_not_a_projection():
+    inputs, ops, results, devices = _first_step()
+    want = inputs.expected[0].astype(np.float64)
+    rng = np.random.default_rng(4)
+    fakes = {
+        # Of rank 2 in the real result's column space, but twice it.
+        "doubled": 2 * results[0][0],
+        # Random integers, of full rank.
+        "random": rng.integers(-50, 51, want.shape).astype(np.float32),
+    }
+    for name, fake in fakes.items():
+        check = sessions.check_of(
+            POWERSGD, inputs, 3, ops, lambda errors, f=fake: want - f
+        )
+        problem = check([[fake] * 3, results[1]], devices)
+        assert problem.startswith(
+            "value 0 replica 0: not numpy's sum projected onto 2 columns: "
+        ), (name, problem)
+
+
+def test_powersgd_check_takes_any_projection_of_the_sum():
+    # numpy's own rank-2 projection (onto the sum's top two left singular
+    # vectors) with errors keeping the rest: what a first step may return.
+    inputs, ops, results, devices = _first_step()
+    want = inputs.expected[0].astype(np.float64)
+    u = np.linalg.svd(want)[0][:, :2]
+    projected = u @ (u.T @ want)
+    check = sessions.check_of(
+        POWERSGD, inputs, 3, ops, lambda errors: want - projected
+    )
+    fake = [[projected.astype(np.float32)] * 3, results[1]]
+    assert check(fake, devices) is None
 
 
 def test_powersgd_target_against_the_fastest_uncompressed_of_any_family():

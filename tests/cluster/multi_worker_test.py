@@ -79,7 +79,8 @@ def cases_for(replicas_per_worker, every_packing=True):
         }
     )
     # PowerSGD at rank 1: the (3, 5) float32 value (position 2) goes as
-    # low-rank factors, the others exactly.
+    # low-rank factors, the others exactly. Its factors, 8 values for 15,
+    # are not twice smaller: compressed at min_compression_rate 1 only.
     cases.append(
         {
             "name": f"powersgd-{replicas_per_worker}",
@@ -87,7 +88,7 @@ def cases_for(replicas_per_worker, every_packing=True):
             "replicas_per_worker": replicas_per_worker,
             "reduce_op": "mean",
             "seed": 5,
-            "powersgd": [1, 0],
+            "powersgd": [1, 0, 1],
         }
     )
     cases.append(
@@ -192,7 +193,7 @@ def expected_sums(case, inputs, num_replicas) -> list:
     exact = [np.sum(np.asarray(a, np.float64), axis=0) for a in inputs]
     if "powersgd" not in case:
         return exact
-    rank, _ = case["powersgd"]
+    rank = case["powersgd"][0]
     reference = powersgd_reference.NumpyPowerSGD(
         compressed(case), rank, num_replicas, dtype=tf.float32
     )
@@ -216,6 +217,54 @@ def test_integer_sums_stay_integers(results):
         dtypes = by_name[case["name"]]["dtypes"][-1]
         want = "float64" if case["reduce_op"] == "mean" else "int64"
         assert set(dtypes) == {want}, case["name"]
+
+
+def test_powersgd_start_step_in_graph():
+    """In-graph (one client, 2 workers x 2 replicas), one traced step with
+    PowerSGD(start_step=2): the first 2 calls sum exactly and leave the
+    errors at zero, the 3rd compresses, as numpy's PowerSGD does."""
+    with cluster.start_local_cluster(2, cpus_per_worker=2) as c:
+        lines, stderr = run_client(
+            {
+                "mode": "powersgd_steps",
+                "cluster": c.cluster_spec.as_dict(),
+                "replicas_per_worker": 2,
+                "spec": "pscpu/pscpu#2",
+                "rank": 1,
+                "start_step": 2,
+                "steps": 3,
+            },
+            replies=3,
+        )
+    reference = powersgd_reference.NumpyPowerSGD(
+        {0: (8, 6)}, 1, 4, start_step=2, dtype=tf.float32
+    )
+    for step, got in enumerate(lines):
+        inputs = [
+            [a.astype(np.float64) for a in value]
+            for value in multi_worker_client.powersgd_inputs(step, 4)
+        ]
+        want = [np.sum(value, axis=0) for value in inputs]
+        expected = reference.sum({0: inputs[0]})[0]
+        matrices = [np.asarray(r) for r in got["results"][0]]
+        errors = np.asarray(got["errors"])
+        for matrix in matrices[1:]:
+            np.testing.assert_array_equal(matrix, matrices[0])
+        for bias in got["results"][1]:
+            np.testing.assert_allclose(bias, want[1], rtol=1e-6, atol=1e-6)
+        if step < 2:
+            np.testing.assert_allclose(matrices[0], want[0], atol=1e-6)
+            assert not errors.any(), step
+        else:
+            assert np.abs(matrices[0] - want[0]).max() > 0.1
+            np.testing.assert_allclose(matrices[0], expected, atol=1e-5)
+            np.testing.assert_allclose(errors, reference.errors[0], atol=1e-5)
+            np.testing.assert_allclose(
+                matrices[0] + errors.sum(axis=0), want[0], atol=1e-5
+            )
+        assert got["compressor_step"] == step + 1
+        assert got["traces"] == 1
+    assert "Failed to remove function remotely" not in stderr, stderr
 
 
 def test_nccl_stage_on_cpu_workers_says_what_it_used(results):

@@ -3,15 +3,16 @@
 Each worker (tests/powersgd_worker.py) trains a Dense layer with a Keras
 SGD optimizer in a custom loop under our MultiWorkerMirroredStrategy with
 CollectiveAllReduce, then HierarchicalCollectiveAllReduce, each given
-`compression=PowerSGD(rank=1, start_step=1)`,
-every global replica on its own batch, and replies after every step. The
+`compression=PowerSGD(rank=1, start_step=2)` (its start_step condition
+runs inside the strategy's tf.function), every global replica on its own
+batch, and replies after every step. The
 reference is computed here with numpy: the same gradients, summed by
 `powersgd_reference.NumpyPowerSGD` (the algorithm written again from the
 paper), applied by plain SGD. Checked after every step:
 
 - every replica of every worker holds the same weights, bit for bit;
-- they equal the numpy simulation (the first step exact, then compressed
-  kernel, exact bias);
+- they equal the numpy simulation (the first two steps exact, with zero
+  errors, then compressed kernel, exact bias);
 - each replica's error feedback equals the simulation's;
 - `strategy.reduce` and a replica-context all-reduce of a scalar (the
   loss) stay exact.
@@ -127,18 +128,21 @@ def test_weights_identical_everywhere_and_equal_to_numpy(replies):
 
 
 def test_compressed_steps_differ_from_exact_sgd(replies):
-    """The comparison above can tell compression from exact sums."""
-    kernel0, bias0 = (w.astype(np.float64) for w in worker.initial_weights())
-    exact = kernel0
-    for step in range(2):
-        grads = []
+    """The comparison above can tell compression from exact sums: after
+    the first compressed step, exact SGD's kernel is another."""
+    kernel, bias = (w.astype(np.float64) for w in worker.initial_weights())
+    global_batch = worker.PER_REPLICA_BATCH * REPLICAS
+    for step in range(worker.START_STEP + 1):
+        kernel_grad, bias_grad = 0.0, 0.0
         for g in range(REPLICAS):
             x, y = (a.astype(np.float64) for a in worker.batch(step, g))
-            residual = x @ exact + bias0 - y
-            grads.append(x.T @ residual / (worker.PER_REPLICA_BATCH * REPLICAS))
-        exact = exact - worker.LEARNING_RATE * np.sum(grads, 0)
-    got = np.asarray(replies[1][0]["kernel"][0])
-    assert np.abs(got - exact).max() > 1e-3
+            residual = x @ kernel + bias - y
+            kernel_grad += x.T @ residual / global_batch
+            bias_grad += residual.sum(0) / global_batch
+        kernel = kernel - worker.LEARNING_RATE * kernel_grad
+        bias = bias - worker.LEARNING_RATE * bias_grad
+    got = np.asarray(replies[worker.START_STEP][0]["kernel"][0])
+    assert np.abs(got - kernel).max() > 1e-3
 
 
 def test_error_feedback_per_replica_equals_numpy(replies):

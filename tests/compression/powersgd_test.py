@@ -4,9 +4,15 @@ The compressor gets a fake all-reduce that adds the replicas' values of one
 process (every replica is a simulated worker), and every number it returns
 or keeps is compared with `powersgd_reference.NumpyPowerSGD`, the
 algorithm written again in numpy from the paper.
+
+Most tests compress small matrices whose factors are smaller than them,
+but not twice smaller: they pass `min_compression_rate=1`, as the
+default rate (2) would sum them exactly (the rate has tests of its own).
 """
 
 from __future__ import annotations
+
+from copy import deepcopy
 
 import numpy as np
 import pytest
@@ -78,7 +84,9 @@ COMPRESSED = {0: (6, 5), 2: (2, 3, 4)}
 def test_one_step_matches_numpy():
     rng = np.random.default_rng(0)
     grads = random_grads(rng, SHAPES)
-    compressor = PowerSGD(rank=2, min_compression_size=0, seed=7)
+    compressor = PowerSGD(
+        rank=2, min_compression_size=0, min_compression_rate=1, seed=7
+    )
     reference = NumpyPowerSGD(COMPRESSED, rank=2, seed=7)
     fake_sum = RecordingSum()
 
@@ -147,7 +155,9 @@ def test_one_step_matches_numpy():
 def test_float32_matches_numpy():
     rng = np.random.default_rng(1)
     grads = random_grads(rng, {0: (16, 8)}, np.float32)
-    compressor = PowerSGD(rank=3, min_compression_size=0)
+    compressor = PowerSGD(
+        rank=3, min_compression_size=0, min_compression_rate=1
+    )
     reference = _NumpyPowerSGD({0: (16, 8)}, 3, REPLICAS, dtype=tf.float32)
     sums = compressor.sum(batch_of(grads), RecordingSum())
     expected = reference.sum({0: [g.astype(np.float64) for g in grads[0]]})
@@ -222,6 +232,8 @@ def test_error_feedback_running_sum_converges_to_true_sum():
         pytest.param((16, 8), np.int64, 0, id="int64"),
         pytest.param((16, 8), np.float16, 0, id="float16"),
         pytest.param((300, 2), np.float32, 0, id="factors_not_smaller"),
+        # Factors (10 + 6)·2 = 32 values for 60: not twice smaller.
+        pytest.param((10, 6), np.float32, 0, id="factors_not_half"),
     ],
 )
 def test_exact_when_not_compressed(shape, dtype, min_size):
@@ -276,10 +288,13 @@ def test_indexed_slices_exact_beside_compressed():
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
 def test_exact_before_start_step(traced):
+    # A compressed matrix, a bias and rows of an IndexedSlices: inside a
+    # tf.function, one trace takes both branches of the start_step
+    # condition, and the exact sums come out of either.
     rng = np.random.default_rng(6)
-    shapes = {0: (12, 5)}
+    shapes = {0: (12, 5), 1: (5,), 2: (1, 5)}
     compressor = PowerSGD(rank=1, start_step=2, min_compression_size=0)
-    reference = NumpyPowerSGD(shapes, rank=1, start_step=2)
+    reference = NumpyPowerSGD({0: (12, 5)}, rank=1, start_step=2)
 
     def step(batch):
         return compressor.sum(batch, RecordingSum())
@@ -288,24 +303,42 @@ def test_exact_before_start_step(traced):
         step = tf.function(step)
     for n in range(4):
         grads = random_grads(rng, shapes)
-        sums = step(batch_of(grads))
+        batch = batch_of(grads)
+        batch[2] = [
+            tf.IndexedSlices(rows, tf.constant([n % 3]), tf.constant([3, 5]))
+            for rows in batch[2]
+        ]
+        sums = step(batch)
         expected = reference.sum(grads)
         got = sums[0][1].numpy()
+        want = np.sum(grads[0], 0)
+        errors = [e.numpy() for e in compressor.state(0).errors]
         if n < 2:
-            np.testing.assert_array_equal(got, np.sum(grads[0], 0))
-            for error in compressor.state(0).errors:
-                np.testing.assert_array_equal(error.numpy(), 0.0)
+            np.testing.assert_array_equal(got, want)
+            for error in errors:
+                np.testing.assert_array_equal(error, 0.0)
         else:
-            assert np.abs(got - np.sum(grads[0], 0)).max() > 0.1
+            assert np.abs(got - want).max() > 0.1
+        if n == 2:  # The first compressed step, from zero error.
+            np.testing.assert_allclose(got + sum(errors), want, atol=1e-12)
         np.testing.assert_allclose(got, expected[0], rtol=1e-9, atol=1e-11)
+        np.testing.assert_array_equal(sums[1][2].numpy(), np.sum(grads[1], 0))
+        rows = np.zeros((3, 5))
+        rows[n % 3] = np.sum(grads[2], 0)[0]
+        assert isinstance(sums[2][1], tf.IndexedSlices)
+        np.testing.assert_allclose(
+            tf.convert_to_tensor(sums[2][1]).numpy(), rows, rtol=1e-12
+        )
         assert int(compressor.step.numpy()) == n + 1
+    if traced:
+        assert step.experimental_get_tracing_count() == 1
 
 
 def test_tf_function_matches_eager():
     rng = np.random.default_rng(7)
     steps = [random_grads(rng, SHAPES) for _ in range(3)]
-    eager = PowerSGD(rank=2, min_compression_size=0)
-    traced = PowerSGD(rank=2, min_compression_size=0)
+    eager = PowerSGD(rank=2, min_compression_size=0, min_compression_rate=1)
+    traced = PowerSGD(rank=2, min_compression_size=0, min_compression_rate=1)
     run = tf.function(lambda batch: traced.sum(batch, RecordingSum()))
     for grads in steps:
         a = eager.sum(batch_of(grads), RecordingSum())
@@ -325,13 +358,16 @@ def test_every_replica_and_worker_gets_the_same_sum():
     give every replica the same bits."""
     rng = np.random.default_rng(8)
     grads = random_grads(rng, {0: (9, 7)}, np.float32)
-    a, b = (PowerSGD(rank=2, min_compression_size=0, seed=3) for _ in "ab")
+    a, b = (
+        PowerSGD(rank=2, min_compression_size=0, min_compression_rate=1, seed=3)
+        for _ in "ab"
+    )
     sums_a = a.sum(batch_of(grads), RecordingSum())
     sums_b = b.sum(batch_of(grads), RecordingSum())
     for i in range(REPLICAS):
         np.testing.assert_array_equal(sums_a[0][i].numpy(), sums_a[0][0])
         np.testing.assert_array_equal(sums_b[0][i].numpy(), sums_a[0][0])
-    c = PowerSGD(rank=2, min_compression_size=0, seed=4)
+    c = PowerSGD(rank=2, min_compression_size=0, min_compression_rate=1, seed=4)
     c.sum(batch_of(grads), RecordingSum())
     assert not np.allclose(c.state(0).q.numpy(), a.state(0).q.numpy())
 
@@ -347,7 +383,9 @@ def test_state_on_each_replica_device():
             with tf.device(d):
                 value.append(tf.constant(g))
         batch.append(value)
-    compressor = PowerSGD(rank=2, min_compression_size=0)
+    compressor = PowerSGD(
+        rank=2, min_compression_size=0, min_compression_rate=1
+    )
     sums = compressor.sum(batch, RecordingSum(), devices=devices)
     state = compressor.state(0)
     assert [e.device for e in state.errors] == devices
@@ -371,7 +409,9 @@ def test_each_replica_computes_from_its_own_tensors():
     rng = np.random.default_rng(10)
     # Two matrices whose factors are orthogonalised together, and a third.
     grads = random_grads(rng, {0: (8, 8), 1: (8, 6), 2: (12, 6)})
-    compressor = PowerSGD(rank=2, min_compression_size=0)
+    compressor = PowerSGD(
+        rank=2, min_compression_size=0, min_compression_rate=1
+    )
 
     @tf.function
     def step():
@@ -405,7 +445,9 @@ def _on(device, fn, *args):
 def test_checkpoint_round_trip(tmp_path):
     rng = np.random.default_rng(10)
     steps = [random_grads(rng, SHAPES) for _ in range(4)]
-    original = PowerSGD(rank=2, start_step=1, min_compression_size=0)
+    original = PowerSGD(
+        rank=2, start_step=1, min_compression_size=0, min_compression_rate=1
+    )
     for grads in steps[:3]:
         original.sum(batch_of(grads), RecordingSum())
     path = tf.train.Checkpoint(compression=original).save(str(tmp_path / "c"))
@@ -413,7 +455,9 @@ def test_checkpoint_round_trip(tmp_path):
 
     # Restored before the state exists (a resumed job): the variables take
     # the saved values when the first sum creates them.
-    resumed = PowerSGD(rank=2, start_step=1, min_compression_size=0)
+    resumed = PowerSGD(
+        rank=2, start_step=1, min_compression_size=0, min_compression_rate=1
+    )
     status = tf.train.Checkpoint(compression=resumed).restore(path)
     assert int(resumed.step.numpy()) == 3
     got = resumed.sum(batch_of(steps[3]), RecordingSum())
@@ -422,7 +466,9 @@ def test_checkpoint_round_trip(tmp_path):
         np.testing.assert_array_equal(got[k][0].numpy(), expected[k][0])
 
     # Restored over existing state.
-    used = PowerSGD(rank=2, start_step=1, min_compression_size=0)
+    used = PowerSGD(
+        rank=2, start_step=1, min_compression_size=0, min_compression_rate=1
+    )
     used.sum(batch_of(steps[0]), RecordingSum())
     used.sum(batch_of(steps[3]), RecordingSum())
     tf.train.Checkpoint(compression=used).restore(path).assert_consumed()
@@ -437,7 +483,9 @@ def test_checkpoint_round_trip(tmp_path):
 
 def test_a_different_batch_raises():
     rng = np.random.default_rng(11)
-    compressor = PowerSGD(rank=2, min_compression_size=0)
+    compressor = PowerSGD(
+        rank=2, min_compression_size=0, min_compression_rate=1
+    )
     compressor.sum(batch_of(random_grads(rng, SHAPES)), RecordingSum())
     with pytest.raises(ValueError, match="expects the same batch every step"):
         compressor.sum(
@@ -465,11 +513,53 @@ def test_a_different_batch_raises():
             "min_compression_size: expected an int >= 0, got -5",
         ),
         ({"seed": "0"}, TypeError, "seed: expected an int, got str '0'"),
+        (
+            {"min_compression_rate": 0.5},
+            ValueError,
+            "min_compression_rate: expected a number >= 1, got 0.5",
+        ),
+        (
+            {"min_compression_rate": float("nan")},
+            ValueError,
+            "min_compression_rate: expected a number >= 1, got nan",
+        ),
+        (
+            {"min_compression_rate": "2"},
+            TypeError,
+            "min_compression_rate: expected a number >= 1, got str '2'",
+        ),
     ],
 )
 def test_constructor_validates(kwargs, error, message):
     with pytest.raises(error, match=f"^{message}"):
         PowerSGD(**kwargs)
+
+
+def test_min_compression_rate_is_pytorchs_rule():
+    # A 10×6 matrix at rank 2 sends (10 + 6)·2 = 32 values for 60: it is
+    # compressed if 32·rate < 60, PyTorch's rule.
+    default = PowerSGD(rank=2, min_compression_size=0)
+    assert default.min_compression_rate == 2.0
+    assert not default.compresses((10, 6), tf.float32)  # 64 >= 60
+    assert default.elements_sent((10, 6)) == 60
+    at_1 = PowerSGD(rank=2, min_compression_size=0, min_compression_rate=1)
+    assert at_1.min_compression_rate == 1.0
+    assert at_1.compresses((10, 6), tf.float32)
+    assert at_1.elements_sent((10, 6)) == 32
+    for rate, compresses in ((1.85, True), (1.875, False)):  # 59.2, 60
+        c = PowerSGD(rank=2, min_compression_size=0, min_compression_rate=rate)
+        assert c.compresses((10, 6), tf.float32) is compresses, rate
+    # 20×20 at rank 4: 160 values for 400, compressed at 2 but not at 2.5.
+    assert PowerSGD(rank=4, min_compression_size=0).compresses(
+        (20, 20), "float32"
+    )
+    assert not PowerSGD(
+        rank=4, min_compression_size=0, min_compression_rate=2.5
+    ).compresses((20, 20), "float32")
+    assert repr(default) == (
+        "PowerSGD(rank=2, start_step=0, min_compression_size=0, seed=0, "
+        "bucket_bytes=26214400, min_compression_rate=2.0)"
+    )
 
 
 def test_batch_validation():
@@ -506,7 +596,9 @@ def test_a_non_finite_step_returns_non_finite_and_leaves_the_state(traced):
     shapes = {0: (6, 5), 1: (7,), 2: (9, 4)}
     first, bad, last = (random_grads(rng, shapes) for _ in range(3))
     bad[2][1][2, 3] = np.nan
-    compressor = PowerSGD(rank=2, min_compression_size=0)
+    compressor = PowerSGD(
+        rank=2, min_compression_size=0, min_compression_rate=1
+    )
     reference = NumpyPowerSGD({0: (6, 5), 2: (9, 4)}, rank=2)
 
     def step(batch):
@@ -538,13 +630,77 @@ def test_a_non_finite_step_returns_non_finite_and_leaves_the_state(traced):
         assert not np.array_equal(value.numpy(), saved)
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_a_nan_in_a_value_summed_exactly_leaves_the_state(traced, sparse):
+    # A compressed 8×6 matrix, a bias summed exactly (dense, or as the
+    # rows of an IndexedSlices) and an int32 value (no nan to look for).
+    # The bias of one replica holds a nan, the matrix none.
+    rng = np.random.default_rng(13)
+    first, bad, last = (random_grads(rng, {0: (8, 6), 1: (6,)}) for _ in "abc")
+    bad[1][1][3] = np.nan
+    compressor = PowerSGD(rank=1, min_compression_size=0)
+    reference = NumpyPowerSGD({0: (8, 6)}, rank=1)
+
+    def batch(grads):
+        values = batch_of(grads)
+        if sparse:
+            values[1] = [
+                tf.IndexedSlices(b[None], tf.constant([1]), tf.constant([2, 6]))
+                for b in values[1]
+            ]
+        return [*values, [tf.constant([i, 2]) for i in range(REPLICAS)]]
+
+    def step(values):
+        return compressor.sum(values, RecordingSum())
+
+    if traced:
+        step = tf.function(step)
+    step(batch(first))
+    reference.sum(first)
+    state = compressor.state(0)
+    kept = [*state.q_replicas, *state.errors]
+    before = [v.numpy() for v in kept]
+
+    sums = step(batch(bad))
+    bias = tf.convert_to_tensor(sums[1][0]).numpy().reshape(-1, 6)[-1]
+    assert np.isnan(bias[3]) and np.isfinite(np.delete(bias, 3)).all()
+    # The matrix's sum is still the step's approximation.
+    skipped = deepcopy(reference).sum(bad)[0]
+    np.testing.assert_allclose(
+        sums[0][0].numpy(), skipped, rtol=1e-9, atol=1e-11
+    )
+    np.testing.assert_array_equal(sums[2][0].numpy(), [3, 6])
+    for value, saved in zip(kept, before, strict=True):
+        np.testing.assert_array_equal(value.numpy(), saved)
+    assert int(compressor.step.numpy()) == 2  # It counts batches.
+
+    # The same batch without the nan updates the state, as numpy's does.
+    sums = step(batch(last))
+    np.testing.assert_allclose(
+        sums[0][0].numpy(), reference.sum(last)[0], rtol=1e-9, atol=1e-11
+    )
+    for i, error in enumerate(state.errors):
+        np.testing.assert_allclose(
+            error.numpy(), reference.errors[0][i], rtol=1e-9, atol=1e-11
+        )
+    np.testing.assert_allclose(
+        state.q.numpy(), reference.q[0], rtol=1e-9, atol=1e-11
+    )
+    assert int(compressor.step.numpy()) == 3
+
+
 def test_buckets_send_each_bucket_in_turn_with_the_same_sums():
     # 6x5 and 2x(3x4) float64: 240 and 192 bytes. 100-byte buckets: one
     # tensor each, last first.
     rng = np.random.default_rng(3)
     grads = random_grads(rng, SHAPES)
     compressor = PowerSGD(
-        rank=2, min_compression_size=0, seed=7, bucket_bytes=100
+        rank=2,
+        min_compression_size=0,
+        min_compression_rate=1,
+        seed=7,
+        bucket_bytes=100,
     )
     reference = NumpyPowerSGD(COMPRESSED, rank=2, seed=7)
     fake_sum = RecordingSum()

@@ -18,7 +18,7 @@ TASK0_CPU1 = "/job:worker/replica:0/task:0/device:CPU:1"
 TASK1_CPU0 = "/job:worker/replica:0/task:1/device:CPU:0"
 POWERSGD_REPR = (
     "PowerSGD(rank=4, start_step=0, min_compression_size=4096, seed=0, "
-    "bucket_bytes=26214400)"
+    "bucket_bytes=26214400, min_compression_rate=2.0)"
 )
 FROM_COMPRESSION_ALLOWED = (
     "expected one of None, 'bf16', 'fp16' or a "

@@ -140,6 +140,7 @@ def test_powersgd_is_refused_naming_the_class_and_where_it_goes():
     assert str(e.value) == (
         "compression: SpecAllReduce cannot carry PowerSGD(rank=2, "
         "start_step=0, min_compression_size=4096, seed=0, "
-        "bucket_bytes=26214400); expected None, 'bf16' or 'fp16' "
+        "bucket_bytes=26214400, min_compression_rate=2.0); expected None, "
+        "'bf16' or 'fp16' "
         "(PowerSGD goes to MultiWorkerAllReduce or the collective classes)"
     )

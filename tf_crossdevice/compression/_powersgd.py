@@ -46,17 +46,21 @@ Decisions, and why:
   them. A column that is exactly zero stays zero.
 - Which tensors are compressed (`compresses`): float32 and float64 dense
   tensors of fully known shape with at least two dimensions and at least
-  `min_compression_size` elements, whose factors are smaller than the
-  matrix ((n + m)·r < n·m with r = min(n, m, rank)). Everything else in a
-  batch (vectors, scalars, small tensors, integers, 16-bit floats,
-  IndexedSlices) is summed exactly, in one call of the sum, after the
-  factors.
+  `min_compression_size` elements, whose factors are at least
+  `min_compression_rate` times smaller than the matrix ((n + m)·r·rate <
+  n·m with r = min(n, m, rank); PyTorch's rule, and its default rate 2: a
+  tensor the factors would shrink by less is not worth its two
+  all-reduces, its products and its approximation error). Everything
+  else in a batch (vectors, scalars, small tensors, integers, 16-bit
+  floats, IndexedSlices) is summed exactly, in one call of the sum, after
+  the factors.
 - Buckets (`bucket_bytes`): the compressed tensors' factors are
   all-reduced bucket by bucket, last layers first, so that with the
   collectives (which run in the order they are issued) the first bucket
   crosses while backpropagation computes the others, as PyTorch's PowerSGD
   hook compresses each DDP bucket on its own. The errors and Qs of every
-  bucket are updated together, once every Q sum is known finite.
+  bucket are updated together, once every Q sum and every exact sum of
+  the batch is known finite.
 - State is keyed by position in the batch: the factor Q of every
   compressed tensor and its error, on every replica, live in variables the
   compressor owns (it is a `tf.Module`, so `tf.train.Checkpoint(...,
@@ -68,10 +72,12 @@ Decisions, and why:
   gradients are); a later batch of other shapes or dtypes raises. A batch
   with nothing to compress (a scalar loss, say) is summed exactly and
   leaves the state and the step alone.
-- A step whose gradients hold inf or nan anywhere returns non-finite sums
-  (as an exact sum would) and leaves the errors and Q as they were: an
+- A step whose gradients hold inf or nan anywhere (in a compressed tensor
+  or in one summed exactly, such as a bias) returns non-finite sums (as
+  an exact sum would) and leaves the errors and Q as they were: an
   optimizer with loss scaling skips such a step, and the state skips it
-  too instead of carrying inf or nan into every later step.
+  too instead of carrying inf or nan into every later step. The step
+  still counts in `step` (and towards `start_step`): it counts batches.
 - `start_step`: the first `start_step` batches are summed exactly (the
   paper's and PyTorch's warm-up). Error feedback starts with the first
   compressed step, from zero: exact steps leave no error.
@@ -86,12 +92,12 @@ their values (a real reduction passes its all-reduce).
 >>> def add(batch):  # batch[k][i]: value k on replica i.
 ...     return [[tf.add_n(list(value))] * len(value) for value in batch]
 >>> compressor = PowerSGD(rank=1, min_compression_size=0)
->>> u, v = np.ones((4, 1)), np.arange(1.0, 4.0)[None]
+>>> u, v = np.ones((5, 1)), np.arange(1.0, 5.0)[None]  # factors: 9 of 20
 >>> grads = [[tf.constant(u @ v * i), tf.constant([1.0, 2.0])]
 ...          for i in (1.0, 2.0, 3.0)]           # grads[i][k]: replica i
 >>> sums = compressor.sum([list(g) for g in zip(*grads)], add)
->>> np.round(sums[0][0].numpy(), 5).tolist()     # rank 1: exact here
-[[6.0, 12.0, 18.0], [6.0, 12.0, 18.0], [6.0, 12.0, 18.0], [6.0, 12.0, 18.0]]
+>>> np.allclose(sums[0][0].numpy(), u @ v * 6.0)  # rank 1: exact here
+True
 >>> sums[1][2].numpy().tolist()                  # a vector: summed exactly
 [3.0, 6.0]
 >>> int(compressor.step.numpy())
@@ -146,12 +152,17 @@ class PowerSGD(tf.Module):
             the backward pass computes the rest. The default is PyTorch
             DDP's bucket size: a few buckets for a large model, so the
             added collectives cost little; 0 makes one bucket of all.
+        min_compression_rate: an n×m tensor is compressed only if its
+            factors are at least this many times smaller than it:
+            (n + m)·r·min_compression_rate < n·m, r = min(n, m, rank)
+            (PyTorch's rule and default); a number >= 1.
         name: the module's name.
 
     Raises:
-        TypeError: an argument is not an int.
-        ValueError: `rank` < 1, or `start_step`, `min_compression_size` or
-            `bucket_bytes` < 0.
+        TypeError: an argument is not an int (`min_compression_rate`: not
+            an int or float).
+        ValueError: `rank` < 1, `start_step`, `min_compression_size` or
+            `bucket_bytes` < 0, or `min_compression_rate` < 1.
 
     >>> PowerSGD(rank=0)
     Traceback (most recent call last):
@@ -166,6 +177,7 @@ class PowerSGD(tf.Module):
         min_compression_size: int = 4096,
         seed: int = 0,
         bucket_bytes: int = 25 << 20,
+        min_compression_rate: float = 2.0,
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)
@@ -178,6 +190,7 @@ class PowerSGD(tf.Module):
         self._bucket_bytes = checks.non_negative_int(
             bucket_bytes, "bucket_bytes"
         )
+        self._min_rate = _compression_rate(min_compression_rate)
         # Every variable is created on first use: building the compressor
         # must not start TensorFlow's runtime, which a multi-worker
         # strategy built after it still has to configure.
@@ -191,7 +204,8 @@ class PowerSGD(tf.Module):
         return (
             f"PowerSGD(rank={self._rank}, start_step={self._start_step}, "
             f"min_compression_size={self._min_size}, seed={self._seed}, "
-            f"bucket_bytes={self._bucket_bytes})"
+            f"bucket_bytes={self._bucket_bytes}, "
+            f"min_compression_rate={self._min_rate})"
         )
 
     @property
@@ -208,6 +222,12 @@ class PowerSGD(tf.Module):
     def min_compression_size(self) -> int:
         """Tensors with fewer elements are summed exactly."""
         return self._min_size
+
+    @property
+    def min_compression_rate(self) -> float:
+        """How many times smaller than a tensor its factors must be for it
+        to be compressed (see `compresses`)."""
+        return self._min_rate
 
     @property
     def seed(self) -> int:
@@ -255,6 +275,12 @@ class PowerSGD(tf.Module):
         False
         >>> c.compresses((4096, 2), tf.float32)  # factors not smaller
         False
+        >>> c.compresses((256, 8), tf.float32)   # 1056 values for 2048
+        False
+        >>> at_1 = PowerSGD(rank=4, min_compression_size=1000,
+        ...                 min_compression_rate=1)
+        >>> at_1.compresses((256, 8), tf.float32)  # smaller is enough
+        True
         >>> c.compresses((64, 32), tf.int32), c.compresses((64, 32), "bfloat16")
         (False, False)
         """
@@ -267,7 +293,7 @@ class PowerSGD(tf.Module):
             return False
         n, m = self.matrix_shape(shape.as_list())
         r = min(n, m, self._rank)
-        return (n + m) * r < n * m
+        return (n + m) * r * self._min_rate < n * m
 
     def elements_sent(self, shape: Any, dtype: Any = tf.float32) -> int:
         """Values one replica sends for a tensor of `shape` and `dtype`:
@@ -382,17 +408,37 @@ class PowerSGD(tf.Module):
             return all_sum(batch)
         self._check_layout(batch, replicas)
         self._create_state(batch, compressed, devices, replicas)
+        return self._sum_compressed(batch, compressed, all_sum, devices)
 
+    def _sum_compressed(
+        self,
+        batch: list[list[Value]],
+        compressed: list[int],
+        all_sum: AllSum,
+        devices: Sequence[str] | None,
+    ) -> list[list[Value]]:
+        """`_sum` of a batch that holds something to compress (at
+        `compressed`): its factors, bucket by bucket (or, before
+        `start_step`, its matrices exactly), then the rest exactly, then the
+        errors and Qs, updated only if all of it is finite."""
         matrices = [batch[k] for k in compressed]
         buckets = self.buckets([_num_bytes(m[0]) for m in matrices])
+        # The rest is summed after the factors: a device's collectives run
+        # in the order they are issued, and this sum waits for the first
+        # layers' vectors, so issued first it would hold every bucket until
+        # the backward pass ends. It is small (vectors, small tensors).
+        exact = sorted(set(range(len(batch))) - set(compressed))
 
-        def exact_sums() -> list[list[tf.Tensor]]:
+        def rest_sums() -> list[list[Value]]:
+            return all_sum([batch[k] for k in exact]) if exact else []
+
+        def exact_sums() -> tuple[list[list[Value]], list[list[Value]]]:
             sums: list[Any] = [None] * len(matrices)
             for bucket in buckets:
                 _sum_into(sums, matrices, bucket, all_sum)
-            return sums
+            return sums, rest_sums()
 
-        def low_rank_sums() -> list[list[tf.Tensor]]:
+        def low_rank_sums() -> tuple[list[list[Value]], list[list[Value]]]:
             return compressed_sums(
                 matrices,
                 [self._layout[k] for k in compressed],
@@ -400,31 +446,26 @@ class PowerSGD(tf.Module):
                 all_sum,
                 devices,
                 buckets,
+                rest_sums,
             )
 
         if self._start_step == 0:
-            sums = low_rank_sums()
+            sums, rest = low_rank_sums()
         else:
-            sums = tf.cond(
+            sums, rest = tf.cond(
                 self.step < self._start_step, exact_sums, low_rank_sums
             )
-        # The rest is summed after the factors: a device's collectives run
-        # in the order they are issued, and this sum waits for the first
-        # layers' vectors, so issued first it would hold every bucket until
-        # the backward pass ends. It is small (vectors, small tensors).
-        exact = sorted(set(range(len(batch))) - set(compressed))
+            # tf.cond's outputs are its own: each back on its replica.
+            rest = [_on_each_replica(devices, v) for v in rest]
         results: list[Any] = [None] * len(batch)
-        if exact:
-            _sum_into(results, batch, exact, all_sum)
+        for k, per_replica in zip(exact, rest, strict=True):
+            results[k] = list(per_replica)
         with tf.control_dependencies(_flat(sums)):
             counted = self.step.assign_add(1)
         # A TF 1 Session that fetches only the sums still counts the step.
         with tf.control_dependencies([counted]):
             for k, per_replica in zip(compressed, sums, strict=True):
-                results[k] = [
-                    on_replica(devices, i, tf.identity, t)
-                    for i, t in enumerate(per_replica)
-                ]
+                results[k] = _on_each_replica(devices, per_replica)
         return results
 
     def buckets(self, num_bytes: Sequence[int]) -> list[list[int]]:
@@ -489,6 +530,21 @@ class PowerSGD(tf.Module):
             self._matrices[matrix_key(k)] = matrix
 
 
+def _compression_rate(value: Any) -> float:
+    """`min_compression_rate` as a float, if it is a number >= 1 (an int
+    or float, not a bool: the rule of `checks.positive_number`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            "min_compression_rate: expected a number >= 1, got "
+            f"{type(value).__name__} {value!r}"
+        )
+    if not value >= 1:  # NaN too
+        raise ValueError(
+            f"min_compression_rate: expected a number >= 1, got {value}"
+        )
+    return float(value)
+
+
 def _spec(value: Value) -> tuple[Any, ...]:
     if isinstance(value, tf.IndexedSlices):
         return ("IndexedSlices", value.values.dtype.name)
@@ -523,3 +579,13 @@ def _num_bytes(tensor: tf.Tensor) -> int:
 
 def _flat(nested: Any) -> list[tf.Tensor]:
     return tf.nest.flatten(nested)
+
+
+def _on_each_replica(
+    devices: Sequence[str] | None, per_replica: Sequence[Value]
+) -> list[Value]:
+    """A new `per_replica[i]` on replica i's device, for every i."""
+    return [
+        on_replica(devices, i, tf.identity, v)
+        for i, v in enumerate(per_replica)
+    ]

@@ -1,8 +1,10 @@
 """One compressed PowerSGD step over a batch of matrices (the algorithm and
 the reasons for it are in `_powersgd`'s docstring): bucket by bucket,
 every replica's P = M Q, all-reduced, then P^ and every replica's
-Q = Mᵀ P^, all-reduced; then the approximations P^ Qᵀ, and every
-replica's error and Q updated unless some sum of any bucket is not finite.
+Q = Mᵀ P^, all-reduced; then the caller's exact sums of the rest of the
+batch; then the approximations P^ Qᵀ, and every replica's error and Q
+updated unless some summed Q of any bucket, or some exact sum of a float
+value, is not finite.
 
 Each all-reduce carries every factor of one dtype of one bucket, flattened
 and concatenated. Within it, matrices with factors of one shape sit side by
@@ -35,6 +37,10 @@ AllSum: TypeAlias = Callable[[list[list[Value]]], list[list[Value]]]
 """Sums a batch across every replica: `batch[k][i]` is value k on this
 process's replica i; the result's `[k][i]` is the sum of value k over every
 replica of every worker, on replica i's device."""
+
+OtherSums: TypeAlias = Callable[[], list[list[Value]]]
+"""Issues the exact sums of the rest of the batch (an `AllSum` call) and
+returns them: `result[k][i]`, the sum of value k on replica i."""
 
 _PerReplica: TypeAlias = dict[tuple[int, int], tf.Tensor]
 """`[j, i]`: matrix j's tensor on replica i."""
@@ -73,9 +79,11 @@ def compressed_sums(
     all_sum: AllSum,
     devices: Sequence[str] | None,
     buckets: Sequence[Sequence[int]],
-) -> list[list[tf.Tensor]]:
-    """The approximate sums of `matrices` over every replica, updating
-    each one's error and Q in `states`.
+    other_sums: OtherSums,
+) -> tuple[list[list[tf.Tensor]], list[list[Value]]]:
+    """The approximate sums of `matrices` over every replica, and the
+    exact sums of the rest of the batch, updating each matrix's error and
+    Q in `states` if every one of those sums is finite.
 
     Args:
         matrices: `matrices[j][i]`, compressed tensor j on replica i.
@@ -88,10 +96,13 @@ def compressed_sums(
             factors are all-reduced together, bucket by bucket in this
             order, so that a bucket of the last layers' gradients crosses
             while the backward pass computes the others.
+        other_sums: called once every bucket's all-reduces are issued, and
+            before the errors and Qs are updated: the exact sums of the
+            rest of the batch (one collective after the factors').
 
     Returns:
-        `result[j][i]`: the approximate sum of tensor j, on replica i, once
-        the errors and Qs are updated.
+        (`result[j][i]`: the approximate sum of tensor j, on replica i,
+        once the errors and Qs are updated; what `other_sums` returned).
     """
     exchanges = []
     for bucket in buckets:
@@ -107,11 +118,13 @@ def compressed_sums(
             _groups(chosen, chosen_layouts),
         )
         exchanges.append(_exchange(batch, all_sum))
+    others = other_sums()
     results: list[list[tf.Tensor]] = [[] for _ in matrices]
-    for bucket, sums in zip(buckets, _approximations(exchanges), strict=True):
+    approximations = _approximations(exchanges, others)
+    for bucket, sums in zip(buckets, approximations, strict=True):
         for j, total in zip(bucket, sums, strict=True):
             results[j] = total
-    return results
+    return results, others
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,27 +247,33 @@ def _orthogonalized(
 
 
 def _approximations(
-    exchanges: list[_Exchange],
+    exchanges: list[_Exchange], others: list[list[Value]]
 ) -> list[list[list[tf.Tensor]]]:
     """Every bucket's P^ Qᵀ on every replica, in its tensors' shapes, once
     every bucket's errors and Qs are updated (or all left alone, if any
-    summed Q is not finite): `result[b][j][i]`."""
+    summed Q or any of `others`, the batch's exact sums, is not finite):
+    `result[b][j][i]`."""
     replicas = exchanges[0].batch.replicas
     devices = exchanges[0].batch.devices
     results = [[[None] * replicas for _ in e.batch.matrices] for e in exchanges]
     done = []
     for i in range(replicas):
         with replica_device(devices, i):
-            # A non-finite gradient anywhere makes some summed Q (the
-            # same on every replica) non-finite, and its sum too: an
-            # optimizer with loss scaling skips that step, and so does
-            # the state of every bucket, which would otherwise stay
-            # non-finite for good.
+            # A non-finite compressed gradient makes some summed Q (the
+            # same on every replica) non-finite, and its sum too; a
+            # non-finite bias makes its exact sum non-finite. An optimizer
+            # with loss scaling skips that step, and so does the state of
+            # every bucket, which would otherwise stay non-finite for good
+            # (or, from a bias, take an update the model never applied).
             finite = tf.reduce_all(
                 [
                     tf.reduce_all(tf.math.is_finite(s[i]))
                     for e in exchanges
                     for s in e.q_sums
+                ]
+                + [
+                    tf.reduce_all(tf.math.is_finite(v))
+                    for v in _float_parts([value[i] for value in others])
                 ]
             )
             kept: list[tuple[tf.Variable, tf.Tensor]] = []
@@ -272,6 +291,13 @@ def _approximations(
             ]
             for out in results
         ]
+
+
+def _float_parts(values: list[Value]) -> list[tf.Tensor]:
+    """The floating-point tensors of `values`: dense ones as they are,
+    IndexedSlices by their values; integers and the like left out."""
+    parts = [v.values if isinstance(v, tf.IndexedSlices) else v for v in values]
+    return [p for p in parts if p.dtype.is_floating]
 
 
 def _approximate_on(

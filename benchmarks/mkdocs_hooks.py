@@ -45,6 +45,8 @@ def on_config(config: Any) -> Any:
 def on_files(files: Files, config: Any) -> Files:
     try:
         drawn = plots.draw(_records())
+        # Records with figures of their own (accuracy against time).
+        drawn.update(plots.record_plots(canonical.read(RECORDS_DIR)))
     except canonical.CanonicalError as e:
         raise PluginError(f"benchmark plots: {e}") from None
     for name, svg in drawn.items():

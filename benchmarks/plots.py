@@ -4,7 +4,10 @@ The site build draws them (`benchmarks.mkdocs_hooks` adds each as
 `benchmark/plots/NAME`); they read the same records as the summary
 (`canonical.pick`): time against the tensors' size on one host, time and
 bytes sent per host against the host count, and the training job's
-examples/s and scaling efficiency against the host count.
+examples/s and scaling efficiency against the host count. A record that
+holds accuracy curves (`benchmarks.communicate`) has a figure of its own,
+`record_plots`: held-out accuracy against training time, one panel per
+link rate, drawn under the record's name.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
-from benchmarks import canonical, records, summary  # noqa: E402
+from benchmarks import canonical, communicate, records, summary  # noqa: E402
 
 # SVG that is the same bytes for the same records.
 matplotlib.rcParams["svg.hashsalt"] = "tf_crossdevice"
@@ -178,6 +181,70 @@ def training(picked: dict[str, canonical.Canonical]) -> str:
         fontsize="small",
     )
     return _svg(fig)
+
+
+def accuracy_against_time(run: records.Run) -> str:
+    """Held-out accuracy against training time, one panel per link rate,
+    with the level the targets ask (the synchronous run's final - 1 point);
+    each method's label says what its busiest host sent."""
+    curves = communicate.curves_of(run)
+    rates = list(dict.fromkeys(c.link_rate for c in curves))
+    fig = Figure(figsize=(4.2 * max(len(rates), 1), 4.2), layout="constrained")
+    axes = fig.subplots(1, max(len(rates), 1), squeeze=False, sharey=True)[0]
+    styles = dict(zip(communicate.METHODS, ("-", "--", "-.", ":"), strict=True))
+    for ax, rate in zip(axes, rates, strict=False):
+        for c in (c for c in curves if c.link_rate == rate):
+            counted = c.bytes_per_host()
+            sent = (
+                f", {max(counted[0]) / 2**20:.3g} MiB/host" if counted else ""
+            )
+            ax.plot(
+                [p.seconds for p in c.checkpoints],
+                [100 * p.accuracy for p in c.checkpoints],
+                styles.get(c.method, "-"),
+                marker="o",
+                markersize=3,
+                label=c.method + sent + (" (failed)" if c.error else ""),
+            )
+        finals = [
+            c.final_accuracy
+            for c in curves
+            if c.link_rate == rate and c.method == communicate.SYNC
+        ]
+        if finals and finals[0] is not None:
+            level = 100 * (finals[0] - communicate.LEVEL_BELOW)
+            ax.axhline(
+                level,
+                color="gray",
+                linewidth=0.8,
+                linestyle=":",
+                label="synchronous final - 1 point",
+            )
+        scored = "" if rate in communicate.SCORED_RATES else ", not scored"
+        ax.set(
+            title=f"{communicate.HOSTS} emulated hosts at {rate}{scored}",
+            xlabel="training time (s, start-up included)",
+            ylabel="held-out accuracy (%)",
+            xlim=(0, None),
+        )
+        ax.legend(fontsize="x-small", loc="best")
+    return _svg(fig)
+
+
+def record_plot(name: str, run: records.Run) -> str | None:
+    """The file name of record `name`'s own figure, if it has one."""
+    return f"{name}.svg" if communicate.curves_of(run) else None
+
+
+def record_plots(runs: Sequence[tuple[str, records.Run]]) -> dict[str, str]:
+    """The figures of records that have one of their own (`record_plot`),
+    by file name under benchmark/plots/."""
+    drawn = {}
+    for name, run in runs:
+        file = record_plot(name, run)
+        if file is not None:
+            drawn[file] = accuracy_against_time(run)
+    return drawn
 
 
 # File name under benchmark/plots/ -> the function that draws it.

@@ -36,8 +36,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from benchmarks import canonical, records, summary, targets
-from benchmarks.plots import PLOTS
+from benchmarks import canonical, plots, records, summary, targets
 from benchmarks.report import (
     format_ms,
     format_ratio,
@@ -311,6 +310,9 @@ def record_section(name: str, run: records.Run) -> str:
     if meta.get("command"):
         lines += ["", "```sh", str(meta["command"]), "```"]
     lines.append("")
+    figure = plots.record_plot(name, run)
+    if figure is not None:
+        lines += [f"![{title(run)}]({PLOTS_DIR}/{figure})", ""]
     if run.groups:
         lines += [summary_table(run.groups), ""]
         packs = pack_size_table(run.groups)
@@ -380,7 +382,7 @@ def page(runs: Sequence[tuple[str, records.Run]]) -> str:
         "",
         *summary.names(rows),
         "",
-        summary.questions(picked, PLOTS_DIR, list(PLOTS)),
+        summary.questions(picked, PLOTS_DIR, list(plots.PLOTS)),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"
 

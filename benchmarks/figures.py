@@ -21,6 +21,11 @@ the host count picks the group (one local device unless `local=` says).
   fastest job's at that host count, "1.79x".
 - `single_host_vs_tf(devices[, workload])`: TensorFlow's best time over
   our fastest on one host, "1.20x".
+- From the record of `python -m benchmarks.communicate`, at a link rate
+  ("100mbit"), against the level "the synchronous run's final held-out
+  accuracy minus 1 point": `first_to_level(rate)`, the method that
+  reached it first, "DiLoCo H=32 (41.2 s)"; `time_to_level(method, rate)`,
+  "41.2 s" or "not reached"; `final_accuracy(method, rate)`, "0.812".
 
 A placeholder that names no figure, or a figure its record lacks, raises
 `FigureError` naming the placeholder: the site build fails.
@@ -35,7 +40,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks import canonical, records, summary
+from benchmarks import canonical, communicate, records, summary
 
 PLACEHOLDER = re.compile(r"\{\{\s*figure\((?P<args>[^{}]*)\)\s*\}\}")
 # What opens a placeholder (a call in double braces), caught where
@@ -171,6 +176,51 @@ def single_host_vs_tf(
     raise FigureError(f"{suite.name}: no {workload} at {devices} devices")
 
 
+def _communicate(link_rate: str) -> tuple[str, list[Any], float]:
+    """The communicate record's name, its runs at `link_rate`, and the
+    level (the synchronous run's final accuracy minus 1 point)."""
+    path = communicate.RECORD
+    if not path.exists():
+        raise FigureError(
+            f"no record {path.name} (python -m benchmarks.communicate)"
+        )
+    curves = communicate.curves_of(records.Run.read(path))
+    here = [c for c in curves if c.link_rate == link_rate]
+    sync = next((c for c in here if c.method == communicate.SYNC), None)
+    if sync is None or sync.final_accuracy is None:
+        raise FigureError(f"{path.stem}: no synchronous run at {link_rate}")
+    return path.stem, here, sync.final_accuracy - communicate.LEVEL_BELOW
+
+
+def first_to_level(picked: Picked, link_rate: str) -> Figure:
+    name, here, level = _communicate(link_rate)
+    reached = [
+        (seconds, c.method)
+        for c in here
+        if (seconds := c.time_to(level)) is not None
+    ]
+    seconds, method = min(reached)  # The synchronous run reaches it.
+    return Figure(f"{method} ({seconds:.1f} s)", name)
+
+
+def time_to_level(picked: Picked, method: str, link_rate: str) -> Figure:
+    name, here, level = _communicate(link_rate)
+    curve = next((c for c in here if c.method == method), None)
+    if curve is None:
+        raise FigureError(f"{name}: no run of {method!r} at {link_rate}")
+    seconds = curve.time_to(level)
+    text = "not reached" if seconds is None else f"{seconds:.1f} s"
+    return Figure(text, name)
+
+
+def final_accuracy(picked: Picked, method: str, link_rate: str) -> Figure:
+    name, here, _ = _communicate(link_rate)
+    curve = next((c for c in here if c.method == method), None)
+    if curve is None or curve.final_accuracy is None:
+        raise FigureError(f"{name}: no final accuracy of {method!r}")
+    return Figure(f"{curve.final_accuracy:.3f}", name)
+
+
 FIGURES: dict[str, Callable[..., Figure]] = {
     f.__name__: f
     for f in (
@@ -182,6 +232,9 @@ FIGURES: dict[str, Callable[..., Figure]] = {
         gradient_size,
         job_vs_tf,
         single_host_vs_tf,
+        first_to_level,
+        time_to_level,
+        final_accuracy,
     )
 }
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from absl import flags
 
-from benchmarks import communicate, plots, records, site
+from benchmarks import communicate, figures, plots, records, site
 from benchmarks.communicate import (
     DILOCO,
     DILOCO_POWERSGD,
@@ -259,3 +259,27 @@ def test_the_record_keeps_the_curves_and_the_site_draws_them(tmp_path):
     assert drawn["communicate_4hosts.svg"].startswith("<?xml")
     section = site.record_section("communicate_4hosts", back)
     assert "](plots/communicate_4hosts.svg)" in section
+
+
+def test_the_guides_figures_come_from_the_record(tmp_path, monkeypatch):
+    plan = communicate.Plan(("1gbit",), tuple(communicate.METHODS), 96, 256)
+    path = tmp_path / "communicate_4hosts.json"
+    communicate.record(_one_gbit(), plan, []).write(path)
+    monkeypatch.setattr(communicate, "RECORD", path)
+
+    def fill(placeholder: str) -> str:
+        return figures.fill(placeholder, {}, "guides/x.md")
+
+    # The level: the synchronous run's 0.85 - 1 point = 0.84. DiLoCo's
+    # 0.84 at 24.0 s comes first; DiLoCo with PowerSGD never gets there.
+    first = fill('{{ figure("first_to_level", "1gbit") }}')
+    assert first.startswith(f"[{DILOCO} (24.0 s)](")
+    assert first.endswith("records.md#communicate_4hosts)")
+    timed = fill(f'{{{{ figure("time_to_level", "{SYNC}", "1gbit") }}}}')
+    assert timed.startswith("[70.0 s](")
+    never = f'{{{{ figure("time_to_level", "{DILOCO_POWERSGD}", "1gbit") }}}}'
+    assert fill(never).startswith("[not reached](")
+    final = f'{{{{ figure("final_accuracy", "{POWERSGD}", "1gbit") }}}}'
+    assert fill(final).startswith("[0.845](")
+    with pytest.raises(figures.FigureError, match="no synchronous run at"):
+        fill('{{ figure("first_to_level", "100mbit") }}')

@@ -251,8 +251,11 @@ def test_a_bad_worker_count_names_the_flag_and_the_forms(value):
 # Beats (as tf_crossdevice.cluster.heartbeat does: sets its file's time)
 # every 0.1 s for argv[1] seconds, then exits 0; in round 0 task 1 beats
 # once and then hangs (in `hangs_here`, which its stacks name on SIGUSR1).
+# It names itself "train.py", as absl names a job's process after its
+# script.
 BEATING_CHILD = """
-import faulthandler, json, os, signal, sys, time
+import ctypes, faulthandler, json, os, signal, sys, time
+ctypes.CDLL(None).prctl(15, b"train.py", 0, 0, 0)  # PR_SET_NAME
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 def hangs_here():
     time.sleep(3600)

@@ -213,7 +213,9 @@ def _python_processes(pid: int) -> list[psutil.Process]:
     with contextlib.suppress(psutil.Error):
         root = psutil.Process(pid)
         for process in [root, *root.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                if "python" in process.name().lower():
+            with contextlib.suppress(psutil.Error, OSError):
+                # The executable, not the name: absl renames a process
+                # after its script ("train.py").
+                if "python" in os.path.basename(process.exe()).lower():
                     found.append(process)
     return found

@@ -95,6 +95,29 @@ def positive_number(value: Any, argument: str) -> float:
     return value
 
 
+def number_at_least(value: Any, argument: str, least: float) -> float:
+    """`value` as a float, if it is an int or float (not a bool) of at
+    least `least`.
+
+    >>> number_at_least(2, "rate", 1)
+    2.0
+
+    Raises:
+        TypeError: `value` is not a number.
+        ValueError: `value` is below `least` (or is NaN).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{argument}: expected a number >= {least:g}, got "
+            f"{type(value).__name__} {value!r}"
+        )
+    if not value >= least:  # NaN too
+        raise ValueError(
+            f"{argument}: expected a number >= {least:g}, got {value}"
+        )
+    return float(value)
+
+
 def one_of(value: T, argument: str, allowed: Collection[T]) -> T:
     """`value` if it is one of `allowed` (listed in the message if not).
 

@@ -190,7 +190,9 @@ class PowerSGD(tf.Module):
         self._bucket_bytes = checks.non_negative_int(
             bucket_bytes, "bucket_bytes"
         )
-        self._min_rate = _compression_rate(min_compression_rate)
+        self._min_rate = checks.number_at_least(
+            min_compression_rate, "min_compression_rate", 1
+        )
         # Every variable is created on first use: building the compressor
         # must not start TensorFlow's runtime, which a multi-worker
         # strategy built after it still has to configure.
@@ -528,21 +530,6 @@ class PowerSGD(tf.Module):
             # Assigning tracks the new variables; a checkpoint restored
             # before they existed fills them in now.
             self._matrices[matrix_key(k)] = matrix
-
-
-def _compression_rate(value: Any) -> float:
-    """`min_compression_rate` as a float, if it is a number >= 1 (an int
-    or float, not a bool: the rule of `checks.positive_number`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            "min_compression_rate: expected a number >= 1, got "
-            f"{type(value).__name__} {value!r}"
-        )
-    if not value >= 1:  # NaN too
-        raise ValueError(
-            f"min_compression_rate: expected a number >= 1, got {value}"
-        )
-    return float(value)
 
 
 def _spec(value: Value) -> tuple[Any, ...]:

@@ -246,7 +246,7 @@ class LocalSGD(tf.Module):
         for variable, anchor in zip(
             self._parts.variables, self.anchors, strict=True
         ):
-            _assign(variable, anchor)
+            variable.assign(anchor)
 
     def _apply_changes(self, mean: list[Any]) -> None:
         """The anchors take the workers' mean weights."""
@@ -423,7 +423,3 @@ def _tensor(variable: Any) -> tf.Tensor:
     """A variable's value (a Keras variable's too), in the current replica
     or the first."""
     return tf.convert_to_tensor(variable)
-
-
-def _assign(variable: Any, value: Any) -> None:
-    variable.assign(value)
